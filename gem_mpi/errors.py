@@ -1,0 +1,13 @@
+"""Errors a user can act on: the launcher prints their message once, without a traceback."""
+
+
+class GemError(Exception):
+    """Base of every error gem_mpi reports as one readable line."""
+
+
+class UsageError(GemError):
+    """A bad command-line value or an impossible configuration."""
+
+
+class DataError(UsageError):
+    """A dataset that is missing, truncated or not what it claims to be."""
