@@ -1,0 +1,593 @@
+"""Datasets as lean, deterministic, shardable batch streams.
+
+Images stay uint8 in memory (a node may run 100 workers, each holding its shard's dataset)
+and become normalised float32 only one batch at a time. torchvision is imported only
+where it is unavoidable (MNIST download, ImageNet), so the Fashion-MNIST and synthetic
+paths work in a bare torch + numpy environment.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gem_mpi.errors import DataError, UsageError
+
+DATASETS = ("fashion-mnist", "mnist", "imagenet", "synthetic")
+SPLITS = ("train", "test")
+
+DEBIAN_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+# Per-dataset pixel statistics, so inputs are roughly zero-mean, unit-variance.
+_NORMALISATION = {"fashion-mnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_IDX_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+_IDX_UBYTE = 0x08
+_MNIST_SIZE = 28
+_MNIST_CLASSES = 10
+# torchvision's AlexNet collapses to nothing below 63 px; 64 is the nearest round size.
+_ALEXNET_MIN_SIZE = 64
+_SYNTHETIC_DEFAULT_SIZE = {"train": 60_000, "test": 10_000}
+_U64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """The input a model is built for; shared by data and model code so they cannot disagree."""
+
+    channels: int
+    image_size: int
+    num_classes: int
+
+
+def default_data_root() -> Path:
+    """Where MNIST is downloaded and Fashion-MNIST is looked for when no data dir is given."""
+    return Path.home() / ".cache" / "gem_mpi" / "data"
+
+
+def _names(values: Iterable[str]) -> str:
+    return ", ".join(values)
+
+
+def _check_dataset_name(dataset: str) -> None:
+    if dataset not in DATASETS:
+        raise UsageError(f"unknown dataset {dataset!r}; choose one of: {_names(DATASETS)}")
+
+
+def _check_split_name(split: str) -> None:
+    if split not in SPLITS:
+        raise UsageError(f"unknown split {split!r}; choose one of: {_names(SPLITS)}")
+
+
+def dataset_spec(dataset: str, model: str) -> DataSpec:
+    """The input shape `model` sees on `dataset` (AlexNet gets MNIST-like images upsampled)."""
+    from gem_mpi.models import MODELS  # models imports DataSpec from here
+
+    _check_dataset_name(dataset)
+    if model not in MODELS:
+        raise UsageError(f"unknown model {model!r}; choose one of: {_names(MODELS)}")
+    if dataset in ("fashion-mnist", "mnist"):
+        size = _ALEXNET_MIN_SIZE if model == "alexnet" else _MNIST_SIZE
+        return DataSpec(channels=1, image_size=size, num_classes=_MNIST_CLASSES)
+    if dataset == "imagenet":
+        if model == "mnist-cnn":
+            raise UsageError(
+                "model mnist-cnn takes 28 px single-channel images and cannot train on imagenet; "
+                "use --model alexnet or --model resnet18"
+            )
+        return DataSpec(channels=3, image_size=224, num_classes=1000)
+    # synthetic: mimic the data each model was designed for
+    if model == "mnist-cnn":
+        return DataSpec(channels=1, image_size=_MNIST_SIZE, num_classes=_MNIST_CLASSES)
+    return DataSpec(channels=3, image_size=224, num_classes=1000)
+
+
+# --------------------------------------------------------------------------- IDX files
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _open_idx(path: Path) -> Any:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _parse_idx_header(path: Path, head: bytes, ndim: int) -> tuple[int, ...]:
+    """Dimensions from an IDX header, rejecting files that are not uint8 IDX of rank `ndim`."""
+    if len(head) < 4 or head[0] != 0 or head[1] != 0:
+        raise DataError(
+            f"{path} is not an IDX file (bad magic {head[:4].hex() or 'empty'}); "
+            "replace it with the original MNIST-format file"
+        )
+    if head[2] != _IDX_UBYTE or head[3] != ndim:
+        raise DataError(
+            f"{path} is IDX of type 0x{head[2]:02x} with {head[3]} dimensions, expected uint8 "
+            f"(0x08) with {ndim}; is it the right file?"
+        )
+    if len(head) < 4 + 4 * ndim:
+        raise DataError(f"{path} is truncated inside its IDX header; re-fetch the dataset")
+    return struct.unpack(f">{ndim}I", head[4 : 4 + 4 * ndim])
+
+
+def _size_error(path: Path, dims: tuple[int, ...], got: int) -> DataError:
+    want = math.prod(dims)
+    how = "truncated" if got < want else "longer than its header says"
+    return DataError(
+        f"{path} is {how}: header {'x'.join(map(str, dims))} needs {want} data bytes, "
+        f"file has {got}; re-fetch the dataset"
+    )
+
+
+def _check_idx(path: Path, ndim: int) -> tuple[int, ...]:
+    """Validate one IDX file without keeping its data; returns its dimensions."""
+    header_len = 4 + 4 * ndim
+    try:
+        with _open_idx(path) as f:
+            dims = _parse_idx_header(path, f.read(header_len), ndim)
+            if path.suffix == ".gz":
+                got = 0  # stream it: validates the gzip CRC without holding the data
+                while chunk := f.read(1 << 20):
+                    got += len(chunk)
+            else:
+                got = os.path.getsize(path) - header_len
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(
+            f"{path} is unreadable or not valid gzip ({_one_line(exc)}); re-fetch the dataset"
+        ) from exc
+    if got != math.prod(dims):
+        raise _size_error(path, dims, got)
+    return dims
+
+
+def _read_idx(path: Path, ndim: int) -> np.ndarray:
+    """The whole IDX array as uint8, validated the same way as `_check_idx`."""
+    try:
+        with _open_idx(path) as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(
+            f"{path} is unreadable or not valid gzip ({_one_line(exc)}); re-fetch the dataset"
+        ) from exc
+    header_len = 4 + 4 * ndim
+    dims = _parse_idx_header(path, raw[:header_len], ndim)
+    if len(raw) - header_len != math.prod(dims):
+        raise _size_error(path, dims, len(raw) - header_len)
+    return np.frombuffer(raw, dtype=np.uint8, offset=header_len).reshape(dims)
+
+
+def _idx_dirs(dataset: str, data_dir: str | None) -> list[Path]:
+    if dataset == "fashion-mnist":
+        if data_dir is None:
+            return [DEBIAN_FASHION_MNIST_DIR, default_data_root() / "FashionMNIST" / "raw"]
+        return [Path(data_dir), Path(data_dir) / "FashionMNIST" / "raw"]
+    # MNIST and Fashion-MNIST share file names: only MNIST/raw/ can hold MNIST unambiguously.
+    root = default_data_root() if data_dir is None else Path(data_dir)
+    return [root / "MNIST" / "raw"]
+
+
+def _find_in(directory: Path, base: str) -> Path | None:
+    for name in (base, base + ".gz"):  # uncompressed first: no decompression needed
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def _locate_idx(dataset: str, data_dir: str | None, bases: tuple[str, ...]) -> list[Path] | str:
+    """Paths of `bases` from the first directory holding all of them, else why not (one line)."""
+    dirs = _idx_dirs(dataset, data_dir)
+    partial = ""
+    for directory in dirs:
+        found = [_find_in(directory, base) for base in bases]
+        if all(p is not None for p in found):
+            return [p for p in found if p is not None]
+        missing = [b for b, p in zip(bases, found, strict=True) if p is None]
+        if not partial and len(missing) < len(bases):
+            partial = f" ({directory} lacks {_names(m + '[.gz]' for m in missing)})"
+    looked = _names(str(d) for d in dirs)
+    return f"no {_names(b + '[.gz]' for b in bases)} in {looked}{partial}"
+
+
+def _mnist_paths(data_dir: str | None, bases: tuple[str, ...]) -> list[Path]:
+    """MNIST files, downloaded once through torchvision if they are not on disk."""
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise DataError(
+            f"MNIST: data dir {data_dir} does not exist; pass an existing "
+            "--data-dir (MNIST is downloaded into DIR/MNIST/raw/ if absent)"
+        )
+    found = _locate_idx("mnist", data_dir, bases)
+    if isinstance(found, list):
+        return found
+    root = default_data_root() if data_dir is None else Path(data_dir)
+    try:
+        import torchvision
+
+        torchvision.datasets.MNIST(str(root), train=True, download=True)
+    except Exception as exc:  # offline, blocked mirror, no torchvision, disk full...
+        raise DataError(
+            f"MNIST is not on disk ({found}) and could not be downloaded ({_one_line(exc)}; "
+            "offline?); use --dataset fashion-mnist, or --data-dir DIR with DIR/MNIST/raw/ "
+            "holding the MNIST IDX files"
+        ) from exc
+    found = _locate_idx("mnist", data_dir, bases)
+    if isinstance(found, str):
+        raise DataError(f"MNIST download to {root} left no usable files: {found}")
+    return found
+
+
+def _idx_paths(dataset: str, data_dir: str | None, bases: tuple[str, ...]) -> list[Path]:
+    if dataset == "mnist":
+        return _mnist_paths(data_dir, bases)
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise DataError(
+            f"Fashion-MNIST: data dir {data_dir} does not exist; pass an existing --data-dir "
+            f"or none to use {DEBIAN_FASHION_MNIST_DIR} (Debian package dataset-fashion-mnist)"
+        )
+    found = _locate_idx(dataset, data_dir, bases)
+    if isinstance(found, str):
+        raise DataError(
+            f"Fashion-MNIST not found: {found}; install the Debian package "
+            "dataset-fashion-mnist or pass --data-dir DIR holding the IDX files"
+        )
+    return found
+
+
+def _check_pair(images: Path, labels: Path, image_dims: tuple[int, ...], n_labels: int) -> None:
+    if image_dims[1:] != (_MNIST_SIZE, _MNIST_SIZE):
+        raise DataError(
+            f"{images} holds {image_dims[1]}x{image_dims[2]} images, expected "
+            f"{_MNIST_SIZE}x{_MNIST_SIZE}; is it the right dataset?"
+        )
+    if image_dims[0] != n_labels:
+        raise DataError(
+            f"{images} has {image_dims[0]} images but {labels} has {n_labels} labels; "
+            "the files come from different datasets or versions"
+        )
+
+
+def _check_labels(path: Path, labels: np.ndarray) -> None:
+    if labels.size and int(labels.max()) >= _MNIST_CLASSES:
+        raise DataError(
+            f"{path} has label {int(labels.max())}, expected 0..{_MNIST_CLASSES - 1}; "
+            "is it the right file?"
+        )
+
+
+# --------------------------------------------------------------------------- ImageNet
+
+
+def _imagenet_root(data_dir: str | None) -> Path:
+    if data_dir is None:
+        raise DataError(
+            "imagenet needs --data-dir DIR with ImageFolder trees DIR/train/ and "
+            "DIR/val/ (one subfolder per class)"
+        )
+    root = Path(data_dir)
+    for sub in ("train", "val"):
+        if not (root / sub).is_dir():
+            raise DataError(
+                f"imagenet: {root / sub} does not exist; --data-dir must hold "
+                "ImageFolder trees train/ and val/ (one subfolder per class)"
+            )
+    return root
+
+
+def _check_imagenet(data_dir: str | None) -> None:
+    """Compare class folders only: scanning 1.3M files would not be cheap."""
+    root = _imagenet_root(data_dir)
+    counts = {}
+    for sub in ("train", "val"):
+        with os.scandir(root / sub) as entries:
+            counts[sub] = sum(1 for e in entries if e.is_dir() and not e.name.startswith("."))
+        if counts[sub] == 0:
+            raise DataError(
+                f"imagenet: {root / sub} has no class subfolders; it must be an "
+                "ImageFolder tree (one subfolder per class)"
+            )
+    if counts["train"] != counts["val"]:
+        raise DataError(
+            f"imagenet: {root}/train has {counts['train']} class folders but "
+            f"{root}/val has {counts['val']}; labels would not match"
+        )
+    if counts["train"] > 1000:
+        raise DataError(
+            f"imagenet: {root}/train has {counts['train']} class folders, more "
+            "than the 1000 outputs the models are built with"
+        )
+
+
+def check_dataset(dataset: str, data_dir: str | None) -> None:
+    """Fail early, in the launcher, with one readable line instead of N worker tracebacks.
+
+    Reads IDX headers and streams (but does not keep) the data. For MNIST this downloads the
+    files if absent, so that workers started afterwards find them instead of all downloading.
+    """
+    _check_dataset_name(dataset)
+    if dataset == "synthetic":
+        return
+    if dataset == "imagenet":
+        _check_imagenet(data_dir)
+        return
+    for split in SPLITS:
+        images, labels = _idx_paths(dataset, data_dir, _IDX_FILES[split])
+        image_dims = _check_idx(images, 3)
+        label_data = _read_idx(labels, 1)  # tiny: read it to check the label range too
+        _check_pair(images, labels, image_dims, label_data.shape[0])
+        _check_labels(labels, label_data)
+
+
+# --------------------------------------------------------------------------- splits
+
+
+class Split:
+    """One split of one dataset, prepared for the model that will consume it."""
+
+    dataset: str
+    split: str
+    spec: DataSpec
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _batches(
+        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.dataset}/{self.split}, n={len(self)}, {self.spec})"
+
+
+class ArraySplit(Split):
+    """MNIST-like split held as uint8 arrays; `images` [N, H, W] and `labels` [N]."""
+
+    def __init__(
+        self, dataset: str, split: str, spec: DataSpec, images: np.ndarray, labels: np.ndarray
+    ) -> None:
+        self.dataset, self.split, self.spec = dataset, split, spec
+        self.images, self.labels = images, labels
+        mean, std = _NORMALISATION[dataset]
+        self._scale, self._shift = 1.0 / (255.0 * std), mean / std
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalised float32 images [B, 1, S, S] and int64 labels [B] for `indices`."""
+        idx = indices.numpy()
+        x = torch.from_numpy(self.images[idx]).unsqueeze(1).float()
+        x.mul_(self._scale).sub_(self._shift)
+        size = self.spec.image_size
+        if x.shape[-1] != size:
+            x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+        return x, torch.from_numpy(self.labels[idx].astype(np.int64))
+
+    def _batches(
+        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for indices in plan:
+            yield self.batch(indices)
+
+
+class SyntheticSplit(Split):
+    """Random images and labels, regenerated per batch so that nothing is held in memory."""
+
+    def __init__(self, split: str, spec: DataSpec, size: int) -> None:
+        self.dataset, self.split, self.spec = "synthetic", split, spec
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _batches(
+        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        s = self.spec
+        split_tag = SPLITS.index(self.split)
+        for step, indices in enumerate(plan):
+            g = torch.Generator().manual_seed(_mix_seed(seed, split_tag, shard_index, step))
+            n = len(indices)
+            x = torch.randn(n, s.channels, s.image_size, s.image_size, generator=g)
+            y = torch.randint(0, s.num_classes, (n,), generator=g, dtype=torch.int64)
+            yield x, y
+
+
+class ImageFolderSplit(Split):
+    """ImageNet as an ImageFolder, decoded by a DataLoader (optionally in worker processes)."""
+
+    def __init__(self, split: str, spec: DataSpec, folder: Any, num_workers: int) -> None:
+        self.dataset, self.split, self.spec = "imagenet", split, spec
+        self.folder, self.num_workers = folder, num_workers
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def _batches(
+        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        loader = torch.utils.data.DataLoader(
+            self.folder,
+            batch_sampler=_ListPlan(plan),  # one loader for all epochs: workers start once
+            num_workers=self.num_workers,
+            generator=torch.Generator().manual_seed(_mix_seed(seed, shard_index)),
+        )
+        for x, y in loader:
+            yield x, y.to(torch.int64)
+
+
+class _ListPlan:
+    """A batch plan in the list-of-ints form DataLoader's batch_sampler expects."""
+
+    def __init__(self, plan: Iterable[torch.Tensor]) -> None:
+        self.plan = plan
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for indices in self.plan:
+            yield indices.tolist()
+
+
+def _load_imagenet(data_dir: str | None, split: str, spec: DataSpec, num_workers: int) -> Split:
+    root = _imagenet_root(data_dir)
+    try:
+        from torchvision import datasets, transforms
+    except ImportError as exc:
+        raise UsageError(
+            f"imagenet needs torchvision, which failed to import "
+            f"({_one_line(exc)}); install torchvision"
+        ) from exc
+    normalize = transforms.Normalize(_IMAGENET_MEAN, _IMAGENET_STD)
+    size = spec.image_size
+    if split == "train":
+        steps = [transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip()]
+    else:
+        steps = [transforms.Resize(size * 256 // 224), transforms.CenterCrop(size)]
+    transform = transforms.Compose([*steps, transforms.ToTensor(), normalize])
+    sub = root / ("train" if split == "train" else "val")
+    try:
+        folder = datasets.ImageFolder(str(sub), transform=transform)
+    except (OSError, RuntimeError, FileNotFoundError) as exc:
+        raise DataError(
+            f"imagenet: cannot read {sub} as an ImageFolder tree "
+            f"({_one_line(exc)}); one subfolder per class with images"
+        ) from exc
+    if len(folder.classes) > spec.num_classes:
+        raise DataError(
+            f"imagenet: {sub} has {len(folder.classes)} classes, more than the "
+            f"{spec.num_classes} outputs the models are built with"
+        )
+    return ImageFolderSplit(split, spec, folder, num_workers)
+
+
+def load_split(
+    dataset: str,
+    data_dir: str | None,
+    split: str,
+    model: str,
+    synthetic_size: int | None = None,
+    num_workers: int = 0,
+) -> Split:
+    """Load one split, shaped for `model` (see `dataset_spec`).
+
+    `synthetic_size` only matters for the synthetic dataset; `num_workers` only for imagenet
+    (DataLoader decoding processes).
+    """
+    _check_dataset_name(dataset)
+    _check_split_name(split)
+    spec = dataset_spec(dataset, model)
+    if dataset == "synthetic":
+        size = _SYNTHETIC_DEFAULT_SIZE[split] if synthetic_size is None else synthetic_size
+        if size < 1:
+            raise UsageError(f"synthetic dataset size must be at least 1, got {size}")
+        return SyntheticSplit(split, spec, size)
+    if dataset == "imagenet":
+        if num_workers < 0:
+            raise UsageError(f"num_workers must be >= 0, got {num_workers}")
+        return _load_imagenet(data_dir, split, spec, num_workers)
+    image_path, label_path = _idx_paths(dataset, data_dir, _IDX_FILES[split])
+    images = _read_idx(image_path, 3)
+    labels = _read_idx(label_path, 1)
+    _check_pair(image_path, label_path, images.shape, labels.shape[0])
+    _check_labels(label_path, labels)
+    return ArraySplit(dataset, split, spec, images, labels)
+
+
+# --------------------------------------------------------------------------- iteration
+
+
+def _mix_seed(*parts: int) -> int:
+    """A well-mixed 63-bit seed from several integers, so nearby seeds give unrelated streams."""
+    state = np.random.SeedSequence([p & _U64 for p in parts]).generate_state(2, dtype=np.uint32)
+    return ((int(state[0]) << 32) | int(state[1])) & ((1 << 63) - 1)
+
+
+def _check_shard(shard: tuple[int, int] | None) -> tuple[int, int]:
+    if shard is None:
+        return 0, 1
+    index, count = shard
+    if count < 1 or not 0 <= index < count:
+        raise UsageError(f"shard must be (index, count) with 0 <= index < count, got {shard}")
+    return index, count
+
+
+def _shard_size(num_samples: int, shard: tuple[int, int] | None) -> int:
+    index, count = _check_shard(shard)
+    return len(range(index, num_samples, count))
+
+
+def epoch_indices(
+    num_samples: int,
+    epoch: int,
+    seed: int,
+    shard: tuple[int, int] | None = None,
+    shuffle: bool = True,
+) -> torch.Tensor:
+    """The sample order `iterate_batches` follows in `epoch`; public so it can be audited."""
+    index, count = _check_shard(shard)
+    indices = torch.arange(index, num_samples, count, dtype=torch.int64)
+    if shuffle:
+        g = torch.Generator().manual_seed(_mix_seed(seed, epoch))
+        indices = indices[torch.randperm(len(indices), generator=g)]
+    return indices
+
+
+def steps_per_epoch(
+    split: Split, batch_size: int, shard: tuple[int, int] | None = None, drop_last: bool = True
+) -> int:
+    """Batches per epoch, so schedules and progress can be planned before iterating."""
+    if batch_size < 1:
+        raise UsageError(f"batch size must be at least 1, got {batch_size}")
+    n = _shard_size(len(split), shard)
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def iterate_batches(
+    split: Split,
+    batch_size: int,
+    epochs: int,
+    seed: int,
+    shard: tuple[int, int] | None = None,
+    shuffle: bool = True,
+    drop_last: bool = True,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Deterministic batches over `epochs` epochs: same (seed, shard) gives the same stream.
+
+    Yields CPU float32 images [B, C, H, W] and int64 labels [B]. Each epoch reshuffles with a
+    generator seeded by (seed, epoch); a shard (index, count) sees samples i % count == index.
+    """
+    steps = steps_per_epoch(split, batch_size, shard, drop_last)
+    if epochs < 0:
+        raise UsageError(f"epochs must be >= 0, got {epochs}")
+    if steps == 0 and epochs > 0 and drop_last:
+        n = _shard_size(len(split), shard)
+        raise UsageError(
+            f"batch size {batch_size} exceeds the {n} samples of this worker's "
+            f"shard of {split.dataset}/{split.split}; use a smaller batch or "
+            "fewer workers"
+        )
+    shard_index = _check_shard(shard)[0]
+
+    def plan() -> Iterator[torch.Tensor]:
+        for epoch in range(epochs):
+            order = epoch_indices(len(split), epoch, seed, shard, shuffle)
+            for step in range(steps):
+                yield order[step * batch_size : (step + 1) * batch_size]
+
+    # A plain function returning a generator: bad arguments fail here, not at the first batch.
+    return split._batches(plan(), seed, shard_index)

@@ -1,0 +1,274 @@
+"""The master on rank 0: applies worker updates first come, first served, and keeps score.
+
+Its hot path touches each payload element once in the kernel (C++ or numpy, see gem.py)
+plus the GEM statistics; everything else is per update, never per element. Evaluation
+runs in a background thread on a copy of θ so that the apply loop keeps serving workers.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import sys
+import threading
+import time
+
+import numpy as np
+
+from gem_mpi import gem
+from gem_mpi.config import Config
+from gem_mpi.metrics import MetricsWriter
+from gem_mpi.problem import Problem, load_theta
+from gem_mpi.transport import (
+    H_COMPUTE_S,
+    H_KIND,
+    H_LOSS,
+    H_RANK,
+    H_SEQ,
+    H_VERSION,
+    KIND_DONE,
+    KIND_UPDATE,
+    MPI,
+    Backoff,
+    Layout,
+    MasterEndpoint,
+)
+
+
+class Evaluator:
+    """Test loss and accuracy of a θ snapshot, in a thread beside the apply loop."""
+
+    def __init__(self, cfg: Config, problem: Problem) -> None:
+        self.cfg = cfg
+        self.problem = problem
+        self._jobs: queue.Queue = queue.Queue(maxsize=1)
+        self._results: queue.Queue = queue.Queue()
+        self._busy = threading.Event()
+        if problem.quadratic is None:
+            import torch
+
+            from gem_mpi.data import load_split
+
+            self.device = torch.device("cpu")  # the master is a CPU rank
+            self.split = load_split(cfg.dataset, cfg.data_dir, "test", cfg.model)
+        self._thread = threading.Thread(target=self._serve, name="gem-eval", daemon=True)
+        self._thread.start()
+
+    def evaluate(self, theta: np.ndarray) -> tuple[float, float]:
+        q = self.problem.quadratic
+        if q is not None:  # the mean objective over workers' targets ≈ the shared optimum
+            diff = theta - q.center
+            return 0.5 * float(np.dot(q.h * diff, diff)), float("nan")
+        from gem_mpi.data import iterate_batches
+        from gem_mpi.models import evaluate
+
+        load_theta(self.problem.model, theta)
+        batches = iterate_batches(
+            self.split, self.cfg.eval_batch_size, 1, 0, shuffle=False, drop_last=False
+        )
+        return evaluate(self.problem.model, batches, self.device)
+
+    def submit(self, theta: np.ndarray, clock: int, t: float) -> bool:
+        """Queue a snapshot unless an evaluation is still running (then skip this one)."""
+        if self._busy.is_set():
+            return False
+        self._busy.set()
+        self._jobs.put((theta.copy(), clock, t))
+        return True
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            theta, clock, t = job
+            try:
+                loss, acc = self.evaluate(theta)
+                self._results.put((t, clock, loss, acc, None))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+                self._results.put((t, clock, float("nan"), float("nan"), exc))
+            finally:
+                self._busy.clear()
+
+    def results(self) -> list[tuple]:
+        out = []
+        while True:
+            try:
+                out.append(self._results.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+
+class Progress:
+    """One status line on rank 0: a live tqdm bar on a terminal, throttled lines otherwise."""
+
+    def __init__(self, log_every: float) -> None:
+        self.tty = sys.stderr.isatty()
+        self.log_every = log_every
+        self._last = time.monotonic()
+        self._bar = None
+        if self.tty:
+            from tqdm import tqdm
+
+            self._bar = tqdm(unit="upd", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
+
+    def update(self, clock: int, rate: float, loss: float, staleness: float, done: int,
+               n: int) -> None:
+        text = f"loss {loss:.4f} staleness {staleness:.1f} workers done {done}/{n}"
+        if self._bar is not None:
+            self._bar.n = clock
+            self._bar.set_postfix_str(text, refresh=False)
+            self._bar.refresh() if time.monotonic() - self._last > 0.5 else None
+            self._last = time.monotonic()
+            return
+        now = time.monotonic()
+        if now - self._last >= self.log_every:
+            self._last = now
+            print(f"gem_mpi: {clock} updates, {rate:.1f} upd/s, {text}", file=sys.stderr,
+                  flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _say(text: str) -> None:
+    print(f"gem_mpi: {text}", file=sys.stderr, flush=True)
+
+
+class Master:
+    def __init__(self, cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
+                 kernel: gem.Kernel) -> None:
+        self.cfg = cfg
+        self.layout = layout
+        self.problem = problem
+        self.kernel = kernel
+        self.n_workers = layout.n_workers
+        self.ep = MasterEndpoint(comm, layout, problem.theta0)
+        self.evaluator = Evaluator(cfg, problem)
+        self.metrics = None
+        if cfg.metrics:
+            self.metrics = MetricsWriter(
+                cfg.metrics, cfg.as_dict(), problem.names, problem.sizes, self.n_workers,
+                kernel.name,
+            )
+
+    def run(self) -> dict:
+        cfg, ep, P = self.cfg, self.ep, self.problem.n_params
+        is_gem = cfg.method == "gem"
+        theta = ep.theta
+        pi = np.empty(P, dtype=np.float32)
+        offsets = self.problem.offsets
+        progress = Progress(cfg.log_every)
+        backoff = Backoff(first=20e-6, limit=1e-3)
+        clock, done = 0, 0
+        recent_loss, recent_stale = float("nan"), 0.0
+        t0 = time.perf_counter()
+        try:
+            while done < self.n_workers:
+                self._drain_evals()
+                ready = ep.ready()
+                if ready.size == 0:
+                    progress.update(clock, clock / max(time.perf_counter() - t0, 1e-9),
+                                    recent_loss, recent_stale, done, self.n_workers)
+                    backoff.wait()
+                    continue
+                backoff.reset()
+                for slot in ready:
+                    head = ep.headers_i[slot]
+                    ticket = ep.ticket_of(slot)
+                    if head[H_KIND] == KIND_DONE:
+                        done += 1
+                        ep.release(slot)
+                        continue
+                    if head[H_KIND] != KIND_UPDATE:
+                        raise RuntimeError(f"corrupt inbox slot {slot}: kind {head[H_KIND]}")
+                    worker, seq, pulled = int(head[H_RANK]), int(head[H_SEQ]), int(head[H_VERSION])
+                    loss = float(ep.headers_f[slot, H_LOSS])
+                    compute_s = float(ep.headers_f[slot, H_COMPUTE_S])
+                    payload = ep.payloads[slot]
+                    delta = payload[:P]
+                    staleness = clock - pulled
+                    ta = time.perf_counter()
+                    ep.begin_write()
+                    if is_gem:
+                        a, s = payload[P:2 * P], payload[2 * P:3 * P]
+                        self.kernel.gem_apply(theta, delta, a, s, pi, cfg.eps, cfg.pi_max)
+                    else:
+                        self.kernel.scaled_apply(theta, delta, gem.fixed_scale(cfg.method,
+                                                                               staleness))
+                    clock += 1
+                    ep.end_write(clock)
+                    apply_s = time.perf_counter() - ta
+                    row = {
+                        "time": ta - t0, "worker": worker, "seq": seq, "ticket": ticket,
+                        "version_pulled": pulled, "clock": clock - 1, "staleness": staleness,
+                        "loss": loss, "queue": len(ready), "compute_s": compute_s,
+                        "apply_s": apply_s,
+                    }
+                    if is_gem and self.metrics is not None:
+                        st = gem.gem_stats(pi, theta, s, a, offsets, cfg.pi_max)
+                        row.update(pi_median=st.pi_median, clamp_frac=st.clamp_frac,
+                                   energy_central=st.energy_central,
+                                   energy_proxy=st.energy_proxy)
+                    ep.release(slot)
+                    if self.metrics is not None:
+                        self.metrics.add_update(row)
+                    recent_loss = loss if math.isnan(recent_loss) else (
+                        0.95 * recent_loss + 0.05 * loss)
+                    recent_stale = 0.95 * recent_stale + 0.05 * staleness
+                    if cfg.eval_every and clock % cfg.eval_every == 0:
+                        self.evaluator.submit(theta, clock, time.perf_counter() - t0)
+                progress.update(clock, clock / max(time.perf_counter() - t0, 1e-9),
+                                recent_loss, recent_stale, done, self.n_workers)
+            wall = time.perf_counter() - t0
+            progress.close()
+            self.evaluator.close()
+            self._drain_evals()
+            test_loss, test_acc = self.evaluator.evaluate(theta)
+            self._record_eval(time.perf_counter() - t0, clock, test_loss, test_acc)
+            final_theta = theta.copy()
+        finally:
+            progress.close()
+        if cfg.save:
+            self._save(final_theta)
+        summary = {"updates": clock, "wall_s": wall, "test_loss": test_loss,
+                   "test_accuracy": test_acc, "finished": 1.0}
+        if self.metrics is not None:
+            self.metrics.close(summary)
+        acc = "n/a" if math.isnan(test_acc) else f"{100 * test_acc:.2f} %"
+        _say(f"done: {clock} updates in {wall:.1f} s ({clock / max(wall, 1e-9):.1f} upd/s), "
+             f"test loss {test_loss:.4f}, test accuracy {acc}")
+        self.ep.shutdown()
+        return summary
+
+    def _drain_evals(self) -> None:
+        for t, clock, loss, acc, exc in self.evaluator.results():
+            if exc is not None:
+                raise exc
+            self._record_eval(t, clock, loss, acc)
+
+    def _record_eval(self, t: float, clock: int, loss: float, acc: float) -> None:
+        if self.metrics is not None:
+            self.metrics.add_eval({"time": t, "clock": clock, "test_loss": loss,
+                                   "test_accuracy": acc})
+        if self.cfg.verbose:
+            _say(f"eval at update {clock}: test loss {loss:.4f}, accuracy {acc:.4f}")
+
+    def _save(self, theta: np.ndarray) -> None:
+        import os
+
+        tmp = self.cfg.save + ".tmp"
+        if self.problem.model is not None:
+            import torch
+
+            load_theta(self.problem.model, theta)
+            torch.save(self.problem.model.state_dict(), tmp)
+        else:
+            with open(tmp, "wb") as f:
+                np.save(f, theta)
+        os.replace(tmp, self.cfg.save)

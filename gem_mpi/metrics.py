@@ -1,0 +1,177 @@
+"""The run's HDF5 metrics file, written by rank 0 only.
+
+The file is opened for single-writer/multiple-reader (SWMR): every dataset is created before
+SWMR is switched on, rows are appended in batches and flushed every few seconds, so another
+process can follow the run and a crash loses at most the last unflushed seconds. The schema
+is documented in docs/METRICS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+
+import h5py
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+# (name, dtype) of the per-update columns every method writes
+UPDATE_COLUMNS = [
+    ("time", "f8"),  # seconds since the master started serving
+    ("worker", "i4"),  # MPI rank of the worker
+    ("seq", "i8"),  # the worker's own update counter
+    ("ticket", "i8"),  # global arrival ticket (Fetch_and_op on the master's counter)
+    ("version_pulled", "i8"),  # master clock when the worker pulled the θ it computed on
+    ("clock", "i8"),  # master clock when this update was applied (θ's version before it)
+    ("staleness", "i4"),  # clock - version_pulled
+    ("loss", "f4"),  # the worker's mini-batch loss
+    ("queue", "i4"),  # updates waiting at the master when this one was picked
+    ("compute_s", "f4"),  # worker seconds spent computing this update
+    ("apply_s", "f4"),  # master seconds spent applying it (lock held)
+]
+GEM_COLUMNS = [
+    ("energy_central", "f8"),  # ½‖θ_new − s‖²
+    ("energy_proxy", "f8"),  # ½‖κ m‖²
+]
+EVAL_COLUMNS = [("time", "f8"), ("clock", "f8"), ("test_loss", "f8"), ("test_accuracy", "f8")]
+
+
+def library_versions() -> dict[str, str]:
+    """Versions a reader needs to reproduce the run."""
+    import mpi4py
+    from mpi4py import MPI
+
+    import gem_mpi
+
+    out = {
+        "gem_mpi": gem_mpi.__version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "h5py": h5py.__version__,
+        "hdf5": h5py.version.hdf5_version,
+        "mpi4py": mpi4py.__version__,
+        "mpi": MPI.Get_library_version().strip().splitlines()[0],
+    }
+    import sys
+
+    if "torch" in sys.modules:
+        out["torch"] = sys.modules["torch"].__version__
+    return out
+
+
+@dataclass
+class _Table:
+    group: h5py.Group
+    columns: list[tuple[str, str, tuple[int, ...]]]
+    rows: dict[str, list] = field(default_factory=dict)
+    written: int = 0
+
+    def __post_init__(self) -> None:
+        for name, dtype, extra in self.columns:
+            self.group.create_dataset(
+                name, shape=(0, *extra), maxshape=(None, *extra), dtype=dtype,
+                chunks=(1024, *extra),
+            )
+            self.rows[name] = []
+
+    def append(self, values: dict) -> None:
+        for name, _, _ in self.columns:
+            self.rows[name].append(values[name])
+
+    def pending(self) -> int:
+        return len(self.rows[self.columns[0][0]])
+
+    def write(self) -> None:
+        n = self.pending()
+        if n == 0:
+            return
+        for name, dtype, extra in self.columns:
+            ds = self.group[name]
+            ds.resize(self.written + n, axis=0)
+            ds[self.written:self.written + n] = np.asarray(self.rows[name], dtype=dtype).reshape(
+                n, *extra
+            )
+            self.rows[name].clear()
+        self.written += n
+
+
+class MetricsWriter:
+    """Appends per-update and per-evaluation rows; flushes every ``flush_seconds``."""
+
+    def __init__(
+        self,
+        path: str,
+        config: dict,
+        tensor_names: list[str],
+        tensor_sizes: list[int],
+        n_workers: int,
+        kernel: str,
+        flush_seconds: float = 2.0,
+    ) -> None:
+        self.path = path
+        self.flush_seconds = flush_seconds
+        self._f = h5py.File(path, "w", libver="latest")
+        f = self._f
+        f.attrs["gem_mpi_schema"] = SCHEMA_VERSION
+        f.attrs["config"] = json.dumps(config, sort_keys=True)
+        f.attrs["versions"] = json.dumps(library_versions(), sort_keys=True)
+        f.attrs["method"] = config["method"]
+        f.attrs["n_workers"] = n_workers
+        f.attrs["kernel"] = kernel
+        f.attrs["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        t = f.create_group("tensors")
+        t.create_dataset("name", data=np.array(tensor_names, dtype=h5py.string_dtype()))
+        t.create_dataset("size", data=np.asarray(tensor_sizes, dtype=np.int64))
+        cols = [(n, d, ()) for n, d in UPDATE_COLUMNS]
+        if config["method"] == "gem":
+            k = len(tensor_names)
+            cols += [(n, d, ()) for n, d in GEM_COLUMNS]
+            cols += [("pi_median", "f4", (k,)), ("clamp_frac", "f4", (k,))]
+        self.updates = _Table(f.create_group("updates"), cols)
+        self.evals = _Table(f.create_group("eval"), [(n, d, ()) for n, d in EVAL_COLUMNS])
+        summary = f.create_group("summary")
+        self._summary_names = ["updates", "wall_s", "test_loss", "test_accuracy", "finished"]
+        for name in self._summary_names:
+            summary.create_dataset(name, shape=(), dtype="f8", data=np.nan)
+        f.swmr_mode = True
+        self._last_flush = time.monotonic()
+
+    def add_update(self, row: dict) -> None:
+        self.updates.append(row)
+        if time.monotonic() - self._last_flush > self.flush_seconds:
+            self.flush()
+
+    def add_eval(self, row: dict) -> None:
+        self.evals.append(row)
+        self.flush()
+
+    def flush(self) -> None:
+        self.updates.write()
+        self.evals.write()
+        self._f.flush()
+        self._last_flush = time.monotonic()
+
+    def close(self, summary: dict) -> None:
+        """Write the summary and close; a file without a finished summary was cut short."""
+        self.flush()
+        for name in self._summary_names:
+            self._f["summary"][name][()] = float(summary.get(name, np.nan))
+        self._f.flush()
+        self._f.close()
+
+
+def read_run(path: str) -> dict:
+    """The whole file as numpy arrays (for tests and tools)."""
+    with h5py.File(path, "r", libver="latest", swmr=True) as f:
+        out = {
+            "attrs": {k: f.attrs[k] for k in f.attrs},
+            "config": json.loads(f.attrs["config"]),
+            "tensors": {k: f["tensors"][k][()] for k in f["tensors"]},
+            "updates": {k: f["updates"][k][()] for k in f["updates"]},
+            "eval": {k: f["eval"][k][()] for k in f["eval"]},
+            "summary": {k: float(f["summary"][k][()]) for k in f["summary"]},
+        }
+    return out

@@ -1,0 +1,135 @@
+"""Models that all end in log_softmax, so every training loop can use `F.nll_loss`.
+
+torchvision is imported only when AlexNet or ResNet-18 is built; the paper's MNIST CNN
+needs nothing beyond torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gem_mpi.data import DataSpec
+from gem_mpi.errors import UsageError
+
+MODELS = ("mnist-cnn", "alexnet", "resnet18")
+
+_MNIST_CNN_SIZE = 28
+
+
+class MnistCNN(nn.Module):
+    """The CNN of the GEM paper's MNIST experiments (about 164k parameters), kept verbatim."""
+
+    def __init__(self, channels: int = 1, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, 10, kernel_size=5)
+        self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
+        self.conv2_drop = nn.Dropout2d()
+        self.fc1 = nn.Linear(320, 300)
+        self.fc2 = nn.Linear(300, 200)
+        self.fc3 = nn.Linear(200, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(F.max_pool2d(self.conv1(x), 2))
+        x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))
+        x = x.flatten(1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return F.log_softmax(self.fc3(x), dim=1)
+
+
+class LogSoftmax(nn.Module):
+    """Turns a logits model into a log-probability one; parameters live under `net.`."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.log_softmax(self.net(x), dim=1)
+
+
+def _with_in_channels(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
+    """A fresh first convolution for `channels` inputs, otherwise shaped like `conv`."""
+    if conv.in_channels == channels:
+        return conv
+    return nn.Conv2d(
+        channels,
+        conv.out_channels,
+        kernel_size=conv.kernel_size,
+        stride=conv.stride,
+        padding=conv.padding,
+        bias=conv.bias is not None,
+    )
+
+
+def _torchvision_models() -> ModuleType:
+    try:
+        from torchvision import models
+    except ImportError as exc:
+        raise UsageError(
+            f"models alexnet and resnet18 need torchvision, which failed to import ({exc}); "
+            "install torchvision or use --model mnist-cnn"
+        ) from exc
+    return models
+
+
+def build_model(name: str, spec: DataSpec) -> nn.Module:
+    """A freshly initialised model for inputs of `spec` that outputs log-probabilities."""
+    if name not in MODELS:
+        raise UsageError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    if name == "mnist-cnn":
+        if spec.image_size != _MNIST_CNN_SIZE:
+            raise UsageError(
+                f"model mnist-cnn takes {_MNIST_CNN_SIZE} px images, the data gives "
+                f"{spec.image_size} px; use --model alexnet or resnet18 for larger images"
+            )
+        return MnistCNN(spec.channels, spec.num_classes)
+    models = _torchvision_models()
+    if name == "alexnet":
+        net = models.alexnet(weights=None, num_classes=spec.num_classes)
+        net.features[0] = _with_in_channels(net.features[0], spec.channels)
+    else:
+        net = models.resnet18(weights=None, num_classes=spec.num_classes)
+        conv1 = _with_in_channels(net.conv1, spec.channels)
+        if conv1 is not net.conv1:  # keep torchvision's ResNet initialisation
+            nn.init.kaiming_normal_(conv1.weight, mode="fan_out", nonlinearity="relu")
+            net.conv1 = conv1
+    return LogSoftmax(net)
+
+
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+) -> tuple[float, float]:
+    """Mean NLL and accuracy in [0, 1]; NaN for both when `batches` is empty.
+
+    Runs in eval mode without gradients and restores every submodule's train/eval mode
+    afterwards, so it can be called in the middle of training.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    n = 0
+    try:
+        with torch.no_grad():
+            for x, y in batches:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                out = model(x)
+                loss_sum += F.nll_loss(out, y, reduction="sum").double()
+                correct += (out.argmax(dim=1) == y).sum()
+                n += y.shape[0]
+    finally:
+        for module, training in modes:
+            module.training = training
+    if n == 0:
+        return math.nan, math.nan
+    # one device sync at the end instead of one per batch
+    return loss_sum.item() / n, correct.item() / n

@@ -1,0 +1,109 @@
+"""``python -m gem_mpi.train``: the launcher every rank runs.
+
+Rank 0 validates the whole configuration (data included) and broadcasts the verdict, so a
+bad input is one line from rank 0 and exit code 2 on every rank. Any unhandled error on any
+rank afterwards aborts the whole MPI job (plain ``python`` would leave the other ranks
+waiting forever) after printing that rank's message once.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+from gem_mpi import config
+from gem_mpi.errors import GemError, UsageError
+from gem_mpi.transport import MASTER, MPI, Layout
+
+EXIT_USAGE = 2
+EXIT_ERROR = 1
+
+
+def _say(text: str) -> None:
+    print(f"gem_mpi: {text}", file=sys.stderr, flush=True)
+
+
+def _check_on_master(cfg: config.Config, size: int) -> None:
+    config.validate(cfg, size)
+    if cfg.model != "quadratic":
+        from gem_mpi.data import check_dataset, dataset_spec
+
+        dataset_spec(cfg.dataset, cfg.model)  # model/dataset combinations that cannot work
+        check_dataset(cfg.dataset, cfg.data_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    argv = sys.argv[1:] if argv is None else argv
+    error, cfg, help_text = None, None, None
+    try:
+        cfg, help_text = config.parse(argv)
+        if rank == MASTER and cfg is not None:
+            _check_on_master(cfg, size)
+    except GemError as exc:
+        error = str(exc)
+    error = comm.bcast(error, root=MASTER)
+    if help_text is not None:
+        if rank == MASTER:
+            print(help_text)
+        return 0
+    if error is not None:
+        if rank == MASTER:
+            _say(f"error: {error}")
+        return EXIT_USAGE
+    return run(cfg, comm)
+
+
+def run(cfg: config.Config, comm: MPI.Intracomm) -> int:
+    from gem_mpi import gem
+    from gem_mpi.problem import build_problem
+    from gem_mpi.worker import local_placement
+
+    rank = comm.Get_rank()
+    placement = local_placement(comm)  # collective: every rank, before the windows
+    problem = build_problem(cfg, with_theta0=rank == MASTER)
+    layout = Layout(
+        n_workers=comm.Get_size() - 1,
+        n_params=problem.n_params,
+        payload_floats=gem.payload_floats(cfg.method, problem.n_params),
+    )
+    if rank == MASTER:
+        from gem_mpi.master import Master
+
+        kernel = gem.Kernel(prefer_extension=not cfg.no_extension)
+        _say(
+            f"{cfg.method} on {cfg.model}/{cfg.dataset}: 1 master + {layout.n_workers} workers, "
+            f"{problem.n_params} parameters, master kernel: {kernel.name}"
+        )
+        Master(cfg, comm, layout, problem, kernel).run()
+    else:
+        from gem_mpi.worker import run_worker
+
+        run_worker(cfg, comm, layout, problem, placement)
+    return 0
+
+
+def launch(argv: list[str] | None = None) -> int:
+    """main() with the job-wide abort: one message from the failing rank, then MPI_Abort."""
+    comm = MPI.COMM_WORLD
+    try:
+        return main(argv)
+    except SystemExit:
+        raise
+    except (GemError, UsageError) as exc:
+        _say(f"rank {comm.Get_rank()}: error: {exc}")
+        code = EXIT_USAGE
+    except BaseException:  # noqa: BLE001 - anything else must not leave the job hanging
+        text = traceback.format_exc()
+        sys.stderr.write(
+            "".join(f"[rank {comm.Get_rank()}] {line}\n" for line in text.rstrip().splitlines())
+        )
+        sys.stderr.flush()
+        code = EXIT_ERROR
+    comm.Abort(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(launch())

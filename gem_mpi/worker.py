@@ -1,0 +1,158 @@
+"""A worker rank: pull θ, compute Δθ = −η∇L(s) on its next mini-batch, commit, repeat.
+
+For GEM the worker also keeps its proxy momentum m ← μm + Δθ (spec section 3) and sends the
+master (Δθ, κ|m|, s): the three numbers per element that master-side GEM needs to compute π
+exactly against the master's current θ (see docs/ARCHITECTURE.md). After a commit the worker
+waits until the master has applied it before pulling again, so its next s includes its own
+contribution (as in the authors' prototype) and its staleness is that of the others' updates.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+from gem_mpi.config import Config
+from gem_mpi.problem import Problem
+from gem_mpi.transport import KIND_DONE, KIND_UPDATE, MPI, Layout, WorkerEndpoint
+
+
+def local_placement(comm: MPI.Intracomm) -> tuple[int, int]:
+    """(local rank, ranks on this node) from MPI's shared-memory split, whatever the launcher."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+class _QuadraticSteps:
+    """Δθ of the numpy quadratic problem; used by the invariant tests."""
+
+    def __init__(self, cfg: Config, problem: Problem, rank: int) -> None:
+        self.q = problem.quadratic
+        self.lr = cfg.lr
+        self.target = self.q.target(rank)
+        self.steps = cfg.max_steps or cfg.epochs * max(1, cfg.synthetic_size // cfg.batch_size)
+        self.device = "cpu (numpy)"
+
+    def __call__(self, theta: np.ndarray) -> tuple[np.ndarray, float]:
+        return self.q.step(theta, self.target, self.lr)
+
+    def momentum(self) -> tuple:
+        return np.zeros(self.q.dim, np.float32), None
+
+    def gem_parts(self, delta: np.ndarray, state: tuple, cfg: Config) -> np.ndarray:
+        m, _ = state
+        m *= np.float32(cfg.momentum)
+        m += delta
+        return np.float32(cfg.kappa) * np.abs(m)
+
+
+class _TorchSteps:
+    """Δθ of a torch model on this worker's data stream, on its GPU or the CPU."""
+
+    def __init__(self, cfg: Config, problem: Problem, rank: int, n_workers: int,
+                 local_rank: int, local_size: int) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        from gem_mpi.data import iterate_batches, load_split, steps_per_epoch
+
+        self.torch, self.F = torch, F
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        threads = cfg.threads or max(1, (os.cpu_count() or cores) // local_size)
+        torch.set_num_threads(threads)
+        if torch.cuda.is_available():
+            self.device = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        self.model = problem.model.to(self.device)
+        self.model.train()
+        self.params = list(self.model.parameters())
+        n = problem.n_params
+        on_gpu = self.device.type == "cuda"
+        # host staging buffers (pinned on GPU, so copies are DMA and can overlap)
+        self._delta_host = torch.empty(n, dtype=torch.float32, pin_memory=on_gpu)
+        self._a_host = torch.empty(n, dtype=torch.float32, pin_memory=on_gpu)
+        self._flat = torch.empty(n, dtype=torch.float32, device=self.device)
+        self._grad = torch.empty(n, dtype=torch.float32, device=self.device)
+        shard = (rank - 1, n_workers) if cfg.shard else None
+        split = load_split(cfg.dataset, cfg.data_dir, "train", cfg.model,
+                           synthetic_size=cfg.synthetic_size)
+        self.steps = steps_per_epoch(split, cfg.batch_size, shard) * cfg.epochs
+        if cfg.max_steps:
+            self.steps = min(self.steps, cfg.max_steps)
+        self.batches = iterate_batches(split, cfg.batch_size, cfg.epochs,
+                                       seed=cfg.seed * 100_003 + rank, shard=shard)
+        self.lr = cfg.lr
+
+    def __call__(self, theta: np.ndarray) -> tuple[np.ndarray, float]:
+        torch = self.torch
+        self._flat.copy_(torch.from_numpy(theta), non_blocking=True)
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                k = p.numel()
+                p.copy_(self._flat[offset:offset + k].view_as(p))
+                offset += k
+        x, y = next(self.batches)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        for p in self.params:
+            p.grad = None
+        loss = self.F.nll_loss(self.model(x), y)
+        loss.backward()
+        torch.cat([p.grad.reshape(-1) for p in self.params], out=self._grad)
+        self._grad.mul_(-self.lr)  # Δθ, on the device
+        self._delta_host.copy_(self._grad, non_blocking=True)
+        value = float(loss.detach())  # synchronises the device, so the host copy is done
+        return self._delta_host.numpy(), value
+
+    def momentum(self) -> tuple:
+        return self.torch.zeros_like(self._grad), None
+
+    def gem_parts(self, delta: np.ndarray, state: tuple, cfg: Config) -> np.ndarray:
+        m, _ = state
+        m.mul_(cfg.momentum).add_(self._grad)
+        self._a_host.copy_(m.abs().mul_(cfg.kappa))
+        return self._a_host.numpy()
+
+
+def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
+               placement: tuple[int, int]) -> None:
+    rank = comm.Get_rank()
+    local_rank, local_size = placement
+    if problem.quadratic is not None:
+        steps_fn = _QuadraticSteps(cfg, problem, rank)
+    else:
+        steps_fn = _TorchSteps(cfg, problem, rank, layout.n_workers, local_rank, local_size)
+    ep = WorkerEndpoint(comm, layout, poll_limit=cfg.poll_max_ms / 1000.0)
+    is_gem = cfg.method == "gem"
+    state = steps_fn.momentum() if is_gem else None
+    if cfg.verbose:
+        print(f"gem_mpi: worker {rank}: {steps_fn.steps} steps on {steps_fn.device}",
+              file=sys.stderr, flush=True)
+    version = ep.pull()
+    waited = 0.0
+    for seq in range(steps_fn.steps):
+        t0 = time.perf_counter()
+        delta, loss = steps_fn(ep.theta)
+        if is_gem:
+            a = steps_fn.gem_parts(delta, state, cfg)
+            parts = (delta, a, ep.theta)  # s: the θ this Δθ was computed on
+        else:
+            parts = (delta,)
+        compute_s = time.perf_counter() - t0
+        ep.commit(KIND_UPDATE, seq, version, loss, compute_s, parts)
+        waited += ep.wait_slot_free()
+        version = ep.pull()
+        if cfg.verbose and (seq + 1) % 100 == 0:
+            print(f"gem_mpi: worker {rank}: step {seq + 1}/{steps_fn.steps} loss {loss:.4f} "
+                  f"waited {waited:.1f} s", file=sys.stderr, flush=True)
+    ep.commit(KIND_DONE, steps_fn.steps, version)
+    ep.wait_shutdown()
+    ep.close()

@@ -1,0 +1,75 @@
+"""Hammer the transport with uniform updates so that any torn or lost message shows.
+
+Every update adds +1 to every element of θ (θ₀ = 0), so a consistent pull of version v is
+all v, a torn pull mixes values, and the final θ counts the updates applied. Rank 0 writes
+a JSON report for the test to check.
+"""
+
+import json
+import sys
+
+import numpy as np
+
+from gem_mpi.transport import (
+    H_KIND,
+    H_RANK,
+    H_SEQ,
+    H_VERSION,
+    KIND_DONE,
+    KIND_UPDATE,
+    MPI,
+    Backoff,
+    Layout,
+    MasterEndpoint,
+    WorkerEndpoint,
+)
+
+n_params, steps, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+layout = Layout(n_workers=size - 1, n_params=n_params, payload_floats=n_params)
+
+if rank == 0:
+    ep = MasterEndpoint(comm, layout, np.zeros(n_params, np.float32))
+    log, done, version, back = [], 0, 0, Backoff(limit=1e-3)
+    while done < size - 1:
+        ready = ep.ready()
+        if ready.size == 0:
+            back.wait()
+            continue
+        back.reset()
+        for slot in ready:
+            h = ep.headers_i[slot].copy()
+            ticket = ep.ticket_of(slot)
+            if h[H_KIND] == KIND_UPDATE:
+                ep.begin_write()
+                ep.theta += ep.payloads[slot, :n_params]
+                version += 1
+                ep.end_write(version)
+                log.append([int(h[H_RANK]), int(h[H_SEQ]), ticket, int(h[H_VERSION]), version - 1, len(ready)])
+            else:
+                assert h[H_KIND] == KIND_DONE
+                done += 1
+            ep.release(slot)
+    theta = ep.theta.copy()
+    torn = comm.gather(0, root=0)
+    ep.shutdown()
+    report = {"log": log, "torn": int(sum(torn)), "theta_min": float(theta.min()),
+              "theta_max": float(theta.max()), "version": version}
+    with open(out, "w") as f:
+        json.dump(report, f)
+else:
+    ep = WorkerEndpoint(comm, layout)
+    delta = np.ones(n_params, np.float32)
+    torn = 0
+    for seq in range(steps):
+        ep.wait_slot_free()
+        v = ep.pull()
+        th = ep.theta
+        if not (th.min() == th.max() == np.float32(v)):
+            torn += 1
+        ep.commit(KIND_UPDATE, seq, v, parts=(delta,))
+    ep.commit(KIND_DONE, steps, ep.pull())
+    comm.gather(torn, root=0)
+    ep.wait_shutdown()
+    ep.close()
