@@ -7,6 +7,7 @@ a JSON report for the test to check.
 
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -25,6 +26,8 @@ from gem_mpi.transport import (
 )
 
 n_params, steps, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+# seconds the master sleeps per update: makes the master the bottleneck on purpose
+master_delay = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 layout = Layout(n_workers=size - 1, n_params=n_params, payload_floats=n_params)
@@ -32,6 +35,7 @@ layout = Layout(n_workers=size - 1, n_params=n_params, payload_floats=n_params)
 if rank == 0:
     ep = MasterEndpoint(comm, layout, np.zeros(n_params, np.float32))
     log, done, version, back = [], 0, 0, Backoff(limit=1e-3)
+    done_tickets = []
     while done < size - 1:
         ready = ep.ready()
         if ready.size == 0:
@@ -46,16 +50,20 @@ if rank == 0:
                 ep.theta += ep.payloads[slot, :n_params]
                 version += 1
                 ep.end_write(version)
+                if master_delay:
+                    time.sleep(master_delay)
                 log.append([int(h[H_RANK]), int(h[H_SEQ]), ticket, int(h[H_VERSION]), version - 1, len(ready)])
             else:
                 assert h[H_KIND] == KIND_DONE
+                done_tickets.append(ticket)
                 done += 1
             ep.release(slot)
     theta = ep.theta.copy()
     torn = comm.gather(0, root=0)
     ep.shutdown()
     report = {"log": log, "torn": int(sum(torn)), "theta_min": float(theta.min()),
-              "theta_max": float(theta.max()), "version": version}
+              "theta_max": float(theta.max()), "version": version,
+              "done_tickets": done_tickets}
     with open(out, "w") as f:
         json.dump(report, f)
 else:

@@ -1,0 +1,39 @@
+"""Shared helpers: every multi-rank test launches a real ``mpirun`` in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PROGS = Path(__file__).resolve().parent / "mpi_progs"
+
+
+def mpi_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def mpirun(n: int, args: list[str], timeout: float = 300, cwd: Path | None = None
+           ) -> subprocess.CompletedProcess:
+    """Run ``args`` (after the python executable) on n ranks; never hangs past ``timeout``."""
+    cmd = ["mpirun", "--oversubscribe", "-n", str(n), sys.executable, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=mpi_env(), cwd=str(cwd or REPO))
+
+
+def train(n: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return mpirun(n, ["-m", "gem_mpi.train", *args], timeout=timeout)
+
+
+@pytest.fixture
+def run_train():
+    return train
