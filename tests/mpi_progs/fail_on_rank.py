@@ -1,0 +1,19 @@
+"""Run the real launcher, but make one rank raise mid-run: the whole job must abort."""
+
+import sys
+
+from gem_mpi import train
+from gem_mpi.transport import MPI
+
+bad_rank = int(sys.argv[1])
+real_run = train.run
+
+
+def failing_run(cfg, comm):
+    if comm.Get_rank() == bad_rank:
+        raise RuntimeError(f"injected failure on rank {bad_rank}")
+    return real_run(cfg, comm)
+
+
+train.run = failing_run
+sys.exit(train.launch(sys.argv[2:]))
