@@ -151,6 +151,7 @@ class Master:
         self.ep = MasterEndpoint(comm, layout, problem.theta0)
         self.evaluator = Evaluator(cfg, problem)
         self.metrics = None
+        self._last_eval: tuple = (-1, float("nan"), float("nan"))
         if cfg.metrics:
             self.metrics = MetricsWriter(
                 cfg.metrics, cfg.as_dict(), problem.names, problem.sizes, self.n_workers,
@@ -229,8 +230,11 @@ class Master:
             progress.close()
             self.evaluator.close()
             self._drain_evals()
-            test_loss, test_acc = self.evaluator.evaluate(theta)
-            self._record_eval(time.perf_counter() - t0, clock, test_loss, test_acc)
+            if self._last_eval[0] == clock:  # the periodic evaluation already saw this θ
+                test_loss, test_acc = self._last_eval[1:]
+            else:
+                test_loss, test_acc = self.evaluator.evaluate(theta)
+                self._record_eval(time.perf_counter() - t0, clock, test_loss, test_acc)
             final_theta = theta.copy()
         finally:
             progress.close()
@@ -253,6 +257,7 @@ class Master:
             self._record_eval(t, clock, loss, acc)
 
     def _record_eval(self, t: float, clock: int, loss: float, acc: float) -> None:
+        self._last_eval = (clock, loss, acc)
         if self.metrics is not None:
             self.metrics.add_eval({"time": t, "clock": clock, "test_loss": loss,
                                    "test_accuracy": acc})
