@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# tools/demo.sh - install/check everything (tools/install.sh), then train with GEM on
+# ${GEM_MPI_DEMO_RANKS:-5} MPI ranks on this machine. Arguments go to gem_mpi.train:
+#   tools/demo.sh --help
+set -euo pipefail
+
+# shellcheck source=tools/install.sh
+source "$(dirname "${BASH_SOURCE[0]}")/install.sh"
+
+mpirun_args=(--oversubscribe -n "${GEM_MPI_DEMO_RANKS:-5}")
+if [[ "$(id -u)" == 0 ]]; then
+  # Open MPI refuses to run as root unless told it is intended (containers, CI).
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+
+exec mpirun "${mpirun_args[@]}" "$GEM_MPI_PY" -m gem_mpi.train "$@"

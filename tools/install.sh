@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# tools/install.sh - install or check everything gem_mpi needs. Idempotent: when all is
+# in place it only checks (a few seconds) and prints nothing.
+#
+#   bash tools/install.sh         # install / check
+#   source tools/install.sh       # same, then GEM_MPI_PY is the venv's python and the
+#                                 # venv's bin/ is first on PATH
+#
+# Steps (each prints one line when it has work to do):
+#   1. Debian packages openmpi-bin libopenmpi-dev dataset-fashion-mnist (apt-get)
+#   2. a virtualenv at ${GEM_MPI_VENV:-$HOME/.cache/gem_mpi/venv}, shared by every checkout
+#   3. Python dependencies (torch, torchvision, mpi4py, numpy, h5py, ...)
+#   4. gem_mpi itself: pip install --no-build-isolation . (builds the C++ extension),
+#      skipped while the sources hash the same as at the last install
+#
+# Environment:
+#   GEM_MPI_VENV          where the virtualenv lives
+#   GEM_MPI_PYTHON        the python that creates it (default python3; must be >= 3.11)
+#   GEM_MPI_TORCH         torch version to require (default 2.14.1; "any" accepts any)
+#   GEM_MPI_TORCHVISION   torchvision version (default 0.29.1; "any" accepts any)
+#   GEM_MPI_NATIVE=1      build the kernels with -march=native
+#   GEM_MPI_SKIP_APT=1    do not check or install Debian packages (non-Debian clusters)
+
+_gem_install_main() {
+  set -euo pipefail
+
+  local root venv py torch_pin tv_pin
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  venv="${GEM_MPI_VENV:-$HOME/.cache/gem_mpi/venv}"
+  py="$venv/bin/python"
+  torch_pin="${GEM_MPI_TORCH:-2.14.1}"
+  tv_pin="${GEM_MPI_TORCHVISION:-0.29.1}"
+  local mpi4py_pin="4.1.2"
+
+  _gem_say() { printf 'install.sh: %s\n' "$*" >&2; }
+
+  # --- 1. Debian packages ---------------------------------------------------------------
+  local debs=(openmpi-bin libopenmpi-dev dataset-fashion-mnist)
+  if [[ "${GEM_MPI_SKIP_APT:-0}" != 1 ]]; then
+    if command -v dpkg-query >/dev/null 2>&1; then
+      local installed missing=() d
+      installed="$(dpkg-query -W -f='${Package} ${Status}\n' "${debs[@]}" 2>/dev/null || true)"
+      for d in "${debs[@]}"; do
+        grep -qx "$d install ok installed" <<<"$installed" || missing+=("$d")
+      done
+      if ((${#missing[@]})); then
+        _gem_say "installing Debian packages: ${missing[*]}"
+        local sudo=()
+        if [[ "$(id -u)" != 0 ]]; then
+          command -v sudo >/dev/null 2>&1 || {
+            _gem_say "not root and no sudo: install ${missing[*]} by hand"
+            return 1
+          }
+          sudo=(sudo)
+        fi
+        "${sudo[@]}" apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+      fi
+    elif ! command -v mpirun >/dev/null 2>&1; then
+      _gem_say "no dpkg and no mpirun: install Open MPI (and Fashion-MNIST) by hand," \
+        "or set GEM_MPI_SKIP_APT=1 if they are provided some other way"
+      return 1
+    fi
+  fi
+
+  # --- 2. virtualenv ----------------------------------------------------------------------
+  if [[ -x "$py" ]] && ! "$py" -c '' >/dev/null 2>&1; then
+    if [[ -f "$venv/pyvenv.cfg" ]]; then
+      _gem_say "virtualenv $venv is broken (its base python is gone?): recreating it"
+      rm -rf "$venv"
+    else
+      _gem_say "$py does not run and $venv is not a virtualenv: remove it or set GEM_MPI_VENV"
+      return 1
+    fi
+  fi
+  if [[ ! -x "$py" ]]; then
+    local base="${GEM_MPI_PYTHON:-python3}"
+    if ! "$base" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+      _gem_say "$base is missing or older than 3.11: set GEM_MPI_PYTHON to a python >= 3.11"
+      return 1
+    fi
+    _gem_say "creating virtualenv $venv"
+    mkdir -p "$(dirname "$venv")"
+    "$base" -m venv "$venv"
+  fi
+
+  # --- 3. Python dependencies ----------------------------------------------------------
+  # One python run checks the dependencies and reports where gem_mpi (with _core) imports
+  # from; it runs from / with -P so that this checkout does not shadow the installed copy.
+  local check_py
+  check_py='
+import importlib, os, sys
+want = {"torch": sys.argv[1], "torchvision": sys.argv[2], "mpi4py": sys.argv[3]}
+problems = []
+for name in ("numpy", "h5py", "tqdm", "pybind11", "pytest", "ruff", "setuptools", "wheel",
+             "cmake", "torch", "torchvision", "mpi4py"):
+    try:
+        mod = importlib.import_module(name)
+    except ModuleNotFoundError:
+        problems.append(f"{name} missing")
+        continue
+    except Exception as exc:
+        problems.append(f"{name}: {type(exc).__name__}: {exc}")
+        continue
+    pin = want.get(name)
+    if pin and pin != "any":
+        have = getattr(mod, "__version__", "?")
+        if (have if "+" in pin else have.split("+")[0]) != pin:
+            problems.append(f"{name} {have} != {pin}")
+if not any(p.startswith("mpi4py") for p in problems):
+    try:
+        import mpi4py
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+        from mpi4py import MPI
+        lib = MPI.Get_library_version()
+        if "Open MPI" not in lib:
+            problems.append("mpi4py is not using Open MPI: " + lib.splitlines()[0])
+    except Exception as exc:
+        problems.append(f"mpi4py.MPI: {type(exc).__name__}: {exc}")
+print("deps", "ok" if not problems else "; ".join(problems))
+try:
+    import gem_mpi, gem_mpi._core
+    print("location", os.path.dirname(os.path.realpath(gem_mpi.__file__)))
+except Exception as exc:
+    print("location -", type(exc).__name__, exc)
+'
+  # pip's output goes to a log, shown only when pip fails.
+  _gem_pip() {
+    local log="$venv/pip.log"
+    if ! "$py" -m pip "$@" >"$log" 2>&1; then
+      grep -v "is ignored: it is neither a file nor a directory" "$log" | tail -n 40 >&2
+      _gem_say "pip $1 failed; full output in $log"
+      return 1
+    fi
+  }
+  _gem_check() {
+    (cd / && "$py" -P -c "$check_py" "$torch_pin" "$tv_pin" "$mpi4py_pin" 2>/dev/null) || true
+  }
+  local report deps_line location
+  report="$(_gem_check)"
+  deps_line="$(sed -n 's/^deps //p' <<<"$report")"
+  if [[ "$deps_line" != ok ]]; then
+    _gem_say "installing Python dependencies, a few minutes (${deps_line:-python check failed})"
+    local torch_req="torch" tv_req="torchvision"
+    [[ "$torch_pin" == any ]] || torch_req="torch==$torch_pin"
+    [[ "$tv_pin" == any ]] || tv_req="torchvision==$tv_pin"
+    _gem_pip install "$torch_req" "$tv_req" "mpi4py==$mpi4py_pin" \
+      numpy h5py pybind11 pytest tqdm ruff setuptools wheel cmake
+    report="$(_gem_check)"
+    deps_line="$(sed -n 's/^deps //p' <<<"$report")"
+    if [[ "$deps_line" != ok ]]; then
+      _gem_say "Python dependencies still not right after pip install: ${deps_line:-?}"
+      return 1
+    fi
+  fi
+  location="$(sed -n 's/^location //p' <<<"$report")"
+
+  # --- 4. gem_mpi itself ----------------------------------------------------------------
+  local hash stamp="$venv/.gem_mpi_install_stamp" f
+  hash="$(
+    cd "$root"
+    {
+      find gem_mpi -type f -name '*.py' -not -path '*/__pycache__/*'
+      find csrc -maxdepth 1 -type f
+      printf '%s\n' CMakeLists.txt setup.py pyproject.toml
+    } | LC_ALL=C sort | xargs -d '\n' sha256sum
+    echo "native=${GEM_MPI_NATIVE:-0} python=$py"
+  )"
+  hash="$(sha256sum <<<"$hash" | cut -c1-64)"
+  if [[ "$location" == -* || ! -f "$stamp" || "$(cat "$stamp")" != "$hash $location" ]]; then
+    _gem_say "building and installing gem_mpi from $root"
+    (cd "$root" && _gem_pip install --no-build-isolation .)
+    location="$(cd / && "$py" -P -c \
+      'import os, gem_mpi, gem_mpi._core; print(os.path.dirname(os.path.realpath(gem_mpi.__file__)))')" || {
+      _gem_say "gem_mpi was installed but 'import gem_mpi._core' fails"
+      return 1
+    }
+    printf '%s %s\n' "$hash" "$location" >"$stamp"
+  fi
+
+  # The extension also goes next to the sources, so that code run from the checkout
+  # (python -m pytest, python -m gem_mpi.train from the repo root) imports a _core
+  # built from these very sources.
+  local built
+  for built in "$location"/_core*.so "$location"/_core*.pyd; do
+    [[ -f "$built" ]] || continue
+    f="$root/gem_mpi/$(basename "$built")"
+    if ! cmp -s "$built" "$f"; then
+      _gem_say "copying the built extension to gem_mpi/$(basename "$built")"
+      rm -f "$root"/gem_mpi/_core*.so "$root"/gem_mpi/_core*.pyd
+      cp "$built" "$f"
+    fi
+  done
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  # Run as a script.
+  set -euo pipefail
+  _gem_install_main
+  echo "install.sh: ready; use it with: source tools/install.sh  (or ${GEM_MPI_VENV:-$HOME/.cache/gem_mpi/venv}/bin/python)" >&2
+  exit 0
+fi
+
+# Sourced: the steps run in a subshell under `set -euo pipefail` without changing the
+# caller's shell options; then the environment is exported into the caller.
+_gem_errexit=0
+[[ $- == *e* ]] && _gem_errexit=1
+set +e
+(_gem_install_main)
+_gem_rc=$?
+((_gem_errexit)) && set -e
+unset -f _gem_install_main
+if ((_gem_rc != 0)); then
+  echo "install.sh: failed (exit $_gem_rc)" >&2
+  unset _gem_errexit
+  return "$_gem_rc"
+fi
+unset _gem_errexit _gem_rc
+export GEM_MPI_VENV="${GEM_MPI_VENV:-$HOME/.cache/gem_mpi/venv}"
+export GEM_MPI_PY="$GEM_MPI_VENV/bin/python"
+case ":$PATH:" in
+  ":$GEM_MPI_VENV/bin:"*) ;;
+  *) export PATH="$GEM_MPI_VENV/bin:$PATH" ;;
+esac

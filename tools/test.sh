@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# tools/test.sh - install/check everything (tools/install.sh), then run the test suite
+# (tests/) with the venv's python from the repo root. Arguments go to pytest, e.g.
+#   tools/test.sh tests/test_kernel.py -k gem_apply
+# Exits with pytest's code; "no tests collected" (5) counts as a failure.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=tools/install.sh
+source tools/install.sh
+
+if [[ "$(id -u)" == 0 ]]; then
+  # mpirun refuses to run as root without these (CI and containers run as root).
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+
+# With no file arguments pytest runs the testpaths of pyproject.toml (tests/); with some
+# (tools/test.sh tests/test_kernel.py) it runs just those.
+rc=0
+"$GEM_MPI_PY" -m pytest -q "$@" || rc=$?
+if ((rc == 5)); then
+  echo "test.sh: pytest collected no tests: failing" >&2
+fi
+exit "$rc"
