@@ -26,7 +26,7 @@ def mpirun(n: int, args: list[str], timeout: float = 300, cwd: Path | None = Non
            ) -> subprocess.CompletedProcess:
     """Run ``args`` (after the python executable) on n ranks; never hangs past ``timeout``."""
     cmd = ["mpirun", "--oversubscribe", "-n", str(n), sys.executable, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,
                           env=mpi_env(), cwd=str(cwd or REPO))
 
 

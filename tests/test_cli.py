@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import PROGS, mpirun, train
 
 QUAD = ["--model", "quadratic", "--dataset", "synthetic", "--max-steps", "5"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from conftest import train
+
 from gem_mpi.data import dataset_spec
 from gem_mpi.metrics import read_run
 from gem_mpi.models import build_model

@@ -7,12 +7,13 @@ process and compare it with what the master produced.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
 import pytest
-
 from conftest import train
+
 from gem_mpi.metrics import read_run
 from gem_mpi.quadratic import Quadratic
 
@@ -98,7 +99,7 @@ def test_master_side_gem_equals_worker_side_algorithm1(tmp_path, kappa):
     np.testing.assert_allclose(theta_final, theta_sim, rtol=1e-4, atol=1e-5)
     sizes = run["tensors"]["size"]
     bounds = np.concatenate([[0], np.cumsum(sizes)])
-    sim_medians = np.array([[np.median(p[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    sim_medians = np.array([[np.median(p[a:b]) for a, b in itertools.pairwise(bounds)]
                             for p in pis])
     np.testing.assert_allclose(u["pi_median"], sim_medians, rtol=1e-3, atol=1e-4)
     # GEM actually scaled: π is neither stuck at 0 nor always at π_max

@@ -6,7 +6,6 @@ import json
 from collections import Counter
 
 import numpy as np
-
 from conftest import PROGS, mpirun
 
 

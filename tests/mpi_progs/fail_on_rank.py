@@ -3,7 +3,6 @@
 import sys
 
 from gem_mpi import train
-from gem_mpi.transport import MPI
 
 bad_rank = int(sys.argv[1])
 real_run = train.run
