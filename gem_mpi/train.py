@@ -13,7 +13,7 @@ import traceback
 
 from gem_mpi import config
 from gem_mpi.errors import GemError, UsageError
-from gem_mpi.transport import MASTER, MPI, Layout
+from gem_mpi.transport import MASTER, MPI, Layout, soft_barrier
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             _check_on_master(cfg, size)
     except GemError as exc:
         error = str(exc)
+    soft_barrier(comm)  # the others sleep while rank 0 checks the data
     error = comm.bcast(error, root=MASTER)
     if help_text is not None:
         if rank == MASTER:

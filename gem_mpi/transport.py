@@ -74,6 +74,19 @@ class Backoff:
         time.sleep(self.delay)
 
 
+def soft_barrier(comm: MPI.Intracomm, limit: float = 10e-3) -> None:
+    """A barrier that sleeps while it waits.
+
+    Open MPI's blocking collectives poll at full speed; when 101 ranks share 2 cores and some
+    are still importing torch, the early ones would take the CPU from the late ones. Use it
+    before any collective that follows slow, uneven work.
+    """
+    request = comm.Ibarrier()
+    backoff = Backoff(limit=limit)
+    while not request.Test():
+        backoff.wait()
+
+
 @dataclass(frozen=True)
 class Layout:
     """Sizes every rank must agree on before the collective window allocation."""
@@ -104,6 +117,7 @@ class _Windows:
         self.comm = comm
         self.layout = layout
         is_master = comm.Get_rank() == MASTER
+        soft_barrier(comm)  # ranks arrive after uneven imports and data loading
         n_ctrl = CTRL_FLAGS + layout.n_workers
         self.ctrl = MPI.Win.Allocate(8 * n_ctrl if is_master else 0, 8, comm=comm)
         self.params = MPI.Win.Allocate(layout.params_bytes if is_master else 0, 1, comm=comm)
@@ -276,12 +290,12 @@ class WorkerEndpoint:
 
     def wait_shutdown(self) -> int:
         """After our last message: wait, without spinning, for the master's word to leave."""
-        self._backoff.reset()
+        backoff = Backoff(limit=max(self._backoff.limit, 50e-3))  # latency matters little here
         while True:
             code = self._ctrl_read(CTRL_SHUTDOWN)
             if code:
                 return code
-            self._backoff.wait()
+            backoff.wait()
 
     def close(self) -> None:
         self._w.ctrl.Unlock(MASTER)

@@ -17,7 +17,8 @@
 #   GEM_MPI_VENV          where the virtualenv lives
 #   GEM_MPI_PYTHON        the python that creates it (default python3; must be >= 3.11)
 #   GEM_MPI_TORCH         torch version to require (default 2.14.1; "any" accepts any)
-#   GEM_MPI_TORCHVISION   torchvision version (default 0.29.1; "any" accepts any)
+#   GEM_MPI_TORCHVISION   torchvision version (default 0.29.1; "any" accepts any; "none"
+#                         installs none: the CPU-only scale venv of tools/scale.sh)
 #   GEM_MPI_NATIVE=1      build the kernels with -march=native
 #   GEM_MPI_SKIP_APT=1    do not check or install Debian packages (non-Debian clusters)
 
@@ -94,6 +95,8 @@ want = {"torch": sys.argv[1], "torchvision": sys.argv[2], "mpi4py": sys.argv[3]}
 problems = []
 for name in ("numpy", "h5py", "tqdm", "pybind11", "pytest", "ruff", "setuptools", "wheel",
              "cmake", "torch", "torchvision", "mpi4py"):
+    if want.get(name) == "none":
+        continue
     try:
         mod = importlib.import_module(name)
     except ModuleNotFoundError:
@@ -145,7 +148,8 @@ except Exception as exc:
     local torch_req="torch" tv_req="torchvision"
     [[ "$torch_pin" == any ]] || torch_req="torch==$torch_pin"
     [[ "$tv_pin" == any ]] || tv_req="torchvision==$tv_pin"
-    _gem_pip install "$torch_req" "$tv_req" "mpi4py==$mpi4py_pin" \
+    [[ "$tv_pin" != none ]] || tv_req=""
+    _gem_pip install "$torch_req" ${tv_req:+"$tv_req"} "mpi4py==$mpi4py_pin" \
       numpy h5py pybind11 pytest tqdm ruff setuptools wheel cmake
     report="$(_gem_check)"
     deps_line="$(sed -n 's/^deps //p' <<<"$report")"
