@@ -7,7 +7,8 @@
 #                                 # venv's bin/ is first on PATH
 #
 # Steps (each prints one line when it has work to do):
-#   1. Debian packages openmpi-bin libopenmpi-dev dataset-fashion-mnist (apt-get)
+#   1. Debian packages openmpi-bin libopenmpi-dev dataset-fashion-mnist g++ (apt-get; and
+#      python3-venv python3-dev when the python is Debian's own)
 #   2. a virtualenv at ${GEM_MPI_VENV:-$HOME/.cache/gem_mpi/venv}, shared by every checkout
 #   3. Python dependencies (torch, torchvision, mpi4py, numpy, h5py, ...)
 #   4. gem_mpi itself: pip install --no-build-isolation . (builds the C++ extension),
@@ -36,7 +37,11 @@ _gem_install_main() {
   _gem_say() { printf 'install.sh: %s\n' "$*" >&2; }
 
   # --- 1. Debian packages ---------------------------------------------------------------
-  local debs=(openmpi-bin libopenmpi-dev dataset-fashion-mnist)
+  local debs=(openmpi-bin libopenmpi-dev dataset-fashion-mnist g++)
+  # Debian's own python3 keeps venv and the C headers (for the extension) in extra packages
+  case "$(command -v "${GEM_MPI_PYTHON:-python3}" 2>/dev/null)" in
+    /usr/bin/*) debs+=(python3-venv python3-dev) ;;
+  esac
   if [[ "${GEM_MPI_SKIP_APT:-0}" != 1 ]]; then
     if command -v dpkg-query >/dev/null 2>&1; then
       local installed missing=() d
