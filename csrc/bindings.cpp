@@ -7,7 +7,9 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "gem_kernel.hpp"
@@ -72,38 +74,108 @@ void check_size(const char* fn, const char* name, const F32& arr, py::ssize_t n)
   }
 }
 
-void gem_apply(const py::object& theta_o, const py::object& delta_o, const py::object& a_o,
-               const py::object& s_o, const py::object& pi_out_o, float eps, float pi_max) {
-  const char* fn = "gem_apply";
+template <class T>
+py::array_t<T, py::array::c_style> as_typed(const char* fn, const char* name,
+                                            const py::object& obj, int ndim, bool output) {
+  const std::string where = std::string(fn) + ": " + name;
+  if (!py::isinstance<py::array_t<T>>(obj) ||
+      !(py::reinterpret_borrow<py::array>(obj).flags() & py::array::c_style)) {
+    throw py::value_error(where + " must be a C-contiguous numpy array of the right dtype");
+  }
+  auto arr = py::reinterpret_borrow<py::array_t<T, py::array::c_style>>(obj);
+  if (arr.ndim() != ndim) {
+    throw py::value_error(where + " must have " + std::to_string(ndim) + " dimension(s)");
+  }
+  if (output && !arr.writeable()) {
+    throw py::value_error(where + " is an output but the array is read-only");
+  }
+  return arr;
+}
+
+bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::object& a_o,
+              const py::object& s_o, const py::object& offsets_o, float eps, float pi_max,
+              const py::object& hist_o, const py::object& sums_o, int threads) {
+  const char* fn = "gem_step";
   F32 theta = as_vector(fn, "theta", theta_o, true);
   F32 delta = as_vector(fn, "delta", delta_o, false);
   F32 a = as_vector(fn, "a", a_o, false);
   F32 s = as_vector(fn, "s", s_o, false);
-  F32 pi_out = as_vector(fn, "pi_out", pi_out_o, true);
   const py::ssize_t n = theta.size();
   check_size(fn, "delta", delta, n);
   check_size(fn, "a", a, n);
   check_size(fn, "s", s, n);
-  check_size(fn, "pi_out", pi_out, n);
+  auto offsets = as_typed<std::int64_t>(fn, "offsets", offsets_o, 1, false);
+  auto hist = as_typed<std::int64_t>(fn, "hist", hist_o, 2, true);
+  auto sums = as_typed<double>(fn, "sums", sums_o, 2, true);
+  const py::ssize_t t = offsets.size() - 1;
+  if (t < 1) throw py::value_error("gem_step: offsets needs at least 2 entries");
+  const std::int64_t* off = offsets.data();
+  if (off[0] != 0 || off[t] != n) {
+    throw py::value_error("gem_step: offsets must start at 0 and end at theta's size");
+  }
+  for (py::ssize_t k = 0; k < t; ++k) {
+    if (off[k + 1] < off[k]) throw py::value_error("gem_step: offsets must not decrease");
+  }
+  if (hist.shape(0) != t || hist.shape(1) != gem_mpi::kHistRow) {
+    throw py::value_error("gem_step: hist must have shape (n_tensors, HIST_BINS + 2)");
+  }
+  if (sums.shape(0) != t || sums.shape(1) != 2) {
+    throw py::value_error("gem_step: sums must have shape (n_tensors, 2)");
+  }
+  if (!(pi_max > 0.0f) || !(eps > 0.0f) || threads < 1) {
+    throw py::value_error("gem_step: needs pi_max > 0, eps > 0 and threads >= 1");
+  }
   float* theta_p = theta.mutable_data();
-  float* pi_p = pi_out.mutable_data();
-  const float* delta_p = delta.data();
-  const float* a_p = a.data();
-  const float* s_p = s.data();
+  std::int64_t* hist_p = hist.mutable_data();
+  double* sums_p = sums.mutable_data();
   py::gil_scoped_release nogil;
-  gem_mpi::gem_apply(theta_p, delta_p, a_p, s_p, pi_p, static_cast<std::size_t>(n), eps, pi_max);
+  return gem_mpi::gem_step(theta_p, delta.data(), a.data(), s.data(),
+                           static_cast<std::size_t>(n), off, static_cast<std::size_t>(t), eps,
+                           pi_max, hist_p, sums_p, threads);
 }
 
-void scaled_apply(const py::object& theta_o, const py::object& delta_o, float scale) {
-  const char* fn = "scaled_apply";
+bool fixed_step(const py::object& theta_o, const py::object& delta_o, float scale,
+                int threads) {
+  const char* fn = "fixed_step";
   F32 theta = as_vector(fn, "theta", theta_o, true);
   F32 delta = as_vector(fn, "delta", delta_o, false);
   const py::ssize_t n = theta.size();
   check_size(fn, "delta", delta, n);
+  if (threads < 1) throw py::value_error("fixed_step: threads must be >= 1");
   float* theta_p = theta.mutable_data();
-  const float* delta_p = delta.data();
   py::gil_scoped_release nogil;
-  gem_mpi::scaled_apply(theta_p, delta_p, static_cast<std::size_t>(n), scale);
+  return gem_mpi::fixed_step(theta_p, delta.data(), static_cast<std::size_t>(n), scale,
+                             threads);
+}
+
+bool all_finite(const py::object& x_o) {
+  F32 x = as_vector("all_finite", "x", x_o, false);
+  const float* p = x.data();
+  const auto n = static_cast<std::size_t>(x.size());
+  py::gil_scoped_release nogil;
+  return gem_mpi::all_finite(p, n);
+}
+
+void triad(const py::object& a_o, const py::object& b_o, const py::object& c_o, float q,
+           int threads) {
+  F32 a = as_vector("triad", "a", a_o, true);
+  F32 b = as_vector("triad", "b", b_o, false);
+  F32 c = as_vector("triad", "c", c_o, false);
+  check_size("triad", "b", b, a.size());
+  check_size("triad", "c", c, a.size());
+  float* ap = a.mutable_data();
+  py::gil_scoped_release nogil;
+  gem_mpi::triad(ap, b.data(), c.data(), q, static_cast<std::size_t>(a.size()),
+                 std::max(1, threads));
+}
+
+void copy(const py::object& dst_o, const py::object& src_o, int threads) {
+  F32 dst = as_vector("copy", "dst", dst_o, true);
+  F32 src = as_vector("copy", "src", src_o, false);
+  check_size("copy", "src", src, dst.size());
+  float* dp = dst.mutable_data();
+  py::gil_scoped_release nogil;
+  gem_mpi::copy(dp, src.data(), static_cast<std::size_t>(dst.size()), std::max(1, threads));
 }
 
 py::dict build_info() {
@@ -126,26 +198,31 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "gem_mpi._core: float32 element-wise kernels (bit-identical to the numpy reference)";
   m.attr("__version__") = GEM_MPI_VERSION;
 
-  m.def("gem_apply", &gem_apply, py::arg("theta"), py::arg("delta"), py::arg("a"), py::arg("s"),
-        py::arg("pi_out"), py::arg("eps"), py::arg("pi_max"),
-        R"doc(gem_apply(theta, delta, a, s, pi_out, eps, pi_max) -> None
+  m.attr("HIST_BINS") = gem_mpi::kHistBins;
 
-In place, for 1-D C-contiguous float32 arrays of one size (theta and pi_out writable):
-    shift = |theta - s|
-    pi = clip((a - shift) / (|delta| + eps), 0, pi_max)
-    theta += pi * delta;  pi_out[:] = pi
-bit-identical to numpy:
-    shift = np.abs(theta - s); pi = (a - shift) / (np.abs(delta) + np.float32(eps))
-    np.clip(pi, 0, pi_max, out=pi); theta += pi * delta
-Raises ValueError on a wrong dtype, shape, layout or size, or a read-only output.
-The GIL is released during the loop.)doc");
+  m.def("gem_step", &gem_step, py::arg("theta"), py::arg("delta"), py::arg("a"), py::arg("s"),
+        py::arg("offsets"), py::arg("eps"), py::arg("pi_max"), py::arg("hist"),
+        py::arg("sums"), py::arg("threads") = 1,
+        R"doc(gem_step(theta, delta, a, s, offsets, eps, pi_max, hist, sums, threads=1) -> bool
 
-  m.def("scaled_apply", &scaled_apply, py::arg("theta"), py::arg("delta"), py::arg("scale"),
-        R"doc(scaled_apply(theta, delta, scale) -> None
+One fused GEM step in place on theta (1-D float32; delta, a, s of the same size), with
+per-tensor statistics accumulated into hist (int64, (T, HIST_BINS + 2)) and sums
+(float64, (T, 2): sum of (theta_new - s)^2 and of a^2), T = len(offsets) - 1.
+Returns False, writing nothing, when delta, a or s holds a NaN or Inf. theta is
+bit-identical to gem_mpi.gem.gem_step_numpy. The GIL is released.)doc");
 
-In place: theta += float32(scale) * delta, for 1-D C-contiguous float32 arrays of one
-size (theta writable); bit-identical to numpy `theta += np.float32(scale) * delta`.
-Raises ValueError on a wrong dtype, shape, layout or size, or a read-only theta.)doc");
+  m.def("fixed_step", &fixed_step, py::arg("theta"), py::arg("delta"), py::arg("scale"),
+        py::arg("threads") = 1,
+        R"doc(fixed_step(theta, delta, scale, threads=1) -> bool
+
+theta += float32(scale) * delta in place (DOWNPOUR, adaptive staleness), bit-identical to
+numpy; returns False, writing nothing, when delta holds a NaN or Inf.)doc");
+
+  m.def("all_finite", &all_finite, py::arg("x"), "all_finite(x) -> bool: no NaN, no Inf");
+  m.def("triad", &triad, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("q"),
+        py::arg("threads") = 1, "triad(a, b, c, q, threads=1): a = b + q * c (benchmark)");
+  m.def("copy", &copy, py::arg("dst"), py::arg("src"), py::arg("threads") = 1,
+        "copy(dst, src, threads=1): memcpy (benchmark)");
 
   m.def("build_info", &build_info,
         "build_info() -> dict: version, compiler, build_type, flags, native, fp_contract, "

@@ -1,30 +1,48 @@
-// gem_kernel.hpp - element-wise kernels of gem_mpi, on raw float32 buffers.
+// gem_kernel.hpp - the master's fused update kernels, on raw float32 buffers.
 //
-// No Python here: bindings.cpp wraps these for numpy. Every operation is done in
-// float32, in the order of the numpy reference given with each function, and the
-// library is compiled with -ffp-contract=off, so the results are bit-identical to
-// numpy's (no FMA fusion, no reassociation, no flush-to-zero).
+// No Python here: bindings.cpp wraps these for numpy. Every float32 operation on theta is
+// done in the order of the numpy reference (gem_mpi/gem.py), and the library is compiled
+// with -ffp-contract=off, so theta comes out bit-identical to numpy's (no FMA fusion, no
+// reassociation, no flush-to-zero). The statistics are sums in double and a histogram.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace gem_mpi {
 
-// Gradient Energy Matching update, for i in [0, n):
-//   shift    = |theta[i] - s[i]|
-//   pi       = (a[i] - shift) / (|delta[i]| + eps)
-//   pi       = clamp(pi, 0, pi_max)          (NaN stays NaN, a zero keeps its sign, as np.clip)
-//   theta[i] += pi * delta[i]
-//   pi_out[i] = pi
-// numpy reference:
-//   shift = np.abs(theta - s); pi = (a - shift) / (np.abs(delta) + np.float32(eps))
-//   np.clip(pi, 0, pi_max, out=pi); theta += pi * delta
-// Buffers may alias each other only as whole arrays (element i reads index i only).
-void gem_apply(float* theta, const float* delta, const float* a, const float* s,
-               float* pi_out, std::size_t n, float eps, float pi_max) noexcept;
+// Interior bins of the per-tensor histogram of π over [0, π_max]. Row layout per tensor:
+// [0] π <= 0 (clamped low), [1 .. kHistBins] interior, [kHistBins + 1] π >= π_max (clamped
+// high). The median read off it is exact to within one bin: π_max / kHistBins.
+constexpr int kHistBins = 512;
+constexpr int kHistRow = kHistBins + 2;
 
-// theta[i] += scale * delta[i]   (numpy: theta += np.float32(scale) * delta)
-void scaled_apply(float* theta, const float* delta, std::size_t n, float scale) noexcept;
+// True when no element is NaN or ±Inf.
+bool all_finite(const float* x, std::size_t n) noexcept;
+
+// One GEM step over all tensors (offsets[0] = 0 < ... <= offsets[n_tensors] = n), unless
+// delta, a or s holds a non-finite value: then nothing is written and false is returned.
+// Per element i of tensor t:
+//   pi = clamp((a[i] - |theta[i] - s[i]|) / (|delta[i]| + eps), 0, pi_max)
+//   theta[i] += pi * delta[i]
+//   hist[t * kHistRow + bin(pi)] += 1
+//   sums[2 t] += (theta_new[i] - s[i])^2 ;  sums[2 t + 1] += a[i]^2   (squares in float32,
+//   sums in double)
+// hist and sums are accumulated into (the caller zeroes them). threads >= 1 splits the
+// elements into contiguous ranges; theta and hist do not depend on it, the sums' rounding
+// does (summation order).
+bool gem_step(float* theta, const float* delta, const float* a, const float* s, std::size_t n,
+              const std::int64_t* offsets, std::size_t n_tensors, float eps, float pi_max,
+              std::int64_t* hist, double* sums, int threads);
+
+// theta[i] += scale * delta[i] (DOWNPOUR: scale 1; adaptive staleness: 1 / (tau + 1)),
+// unless delta holds a non-finite value: then nothing is written and false is returned.
+bool fixed_step(float* theta, const float* delta, std::size_t n, float scale, int threads);
+
+// Bandwidth references for the benchmark, on the same threads: a[i] = b[i] + q * c[i]
+// (STREAM triad) and dst = src (memcpy).
+void triad(float* a, const float* b, const float* c, float q, std::size_t n, int threads);
+void copy(float* dst, const float* src, std::size_t n, int threads);
 
 // Flags the library was compiled with, and whether -march=native was among them.
 const char* compile_flags() noexcept;

@@ -1,8 +1,9 @@
 """The update rules the master applies: GEM, DOWNPOUR and adaptive staleness.
 
-The numpy functions here are the reference implementation; the C++ extension (``_core``)
-computes the same float32 operations in the same order, fused into one pass, and the tests
-hold the two to bit-for-bit equality. :class:`Kernel` picks the extension when it is built.
+The numpy functions here are the reference implementation, kept forever; the C++ extension
+(``_core``) computes the same float32 operations on θ in the same order, fused into one pass
+with the statistics, and the tests hold θ to bit-for-bit equality. :class:`Kernel` picks the
+extension when it is built.
 
 Master-side GEM (spec section 3) needs three numbers per element from the worker: its
 update Δθ, its permitted amplitude ``a = κ|m|`` and the parameters ``s`` it computed Δθ on.
@@ -10,16 +11,24 @@ With the master's current θ::
 
     π = clamp((a − |θ − s|) / (|Δθ| + ε), 0, π_max);   θ ← θ + π Δθ
 
-DOWNPOUR and adaptive staleness are the same loop with π fixed to 1 and 1 / (τ + 1).
+DOWNPOUR and adaptive staleness are the same loop with π fixed to 1 and 1 / (τ + 1). An
+update holding a NaN or an Inf is rejected whole: θ is not touched.
+
+Statistics per tensor: a histogram of π with :data:`HIST_BINS` equal bins over
+(0, π_max) plus one bin for each clamp (π ≤ 0, π ≥ π_max), from which the (lower) median
+is read to within one bin width, π_max / HIST_BINS; and the sums of (θ_new − s)² and a² behind the
+energies.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 METHODS = ("gem", "downpour", "adaptive")
+HIST_BINS = 512  # must equal _core.HIST_BINS (checked when the extension loads)
 
 
 def payload_floats(method: str, n_params: int) -> int:
@@ -32,90 +41,152 @@ def fixed_scale(method: str, staleness: int) -> float:
     return 1.0 / (staleness + 1.0) if method == "adaptive" else 1.0
 
 
-def gem_apply_numpy(
+def pi_bins(pi: np.ndarray, pi_max: float) -> np.ndarray:
+    """Histogram bin of each π: 0 clamped low, 1..HIST_BINS interior, HIST_BINS+1 high."""
+    inv = np.float32(HIST_BINS) / np.float32(pi_max)
+    interior = 1 + np.minimum(HIST_BINS - 1, (pi * inv).astype(np.int32))
+    return np.where(pi > 0, np.where(pi >= np.float32(pi_max), HIST_BINS + 1, interior), 0)
+
+
+def gem_step_numpy(
     theta: np.ndarray,
     delta: np.ndarray,
     a: np.ndarray,
     s: np.ndarray,
-    pi_out: np.ndarray,
+    offsets: np.ndarray,
     eps: float,
     pi_max: float,
-) -> None:
-    """Reference GEM step, in place on θ; π lands in ``pi_out`` for the metrics."""
-    np.abs(theta - s, out=pi_out)
-    np.subtract(a, pi_out, out=pi_out)
-    pi_out /= np.abs(delta) + np.float32(eps)
-    np.clip(pi_out, np.float32(0.0), np.float32(pi_max), out=pi_out)
-    theta += pi_out * delta
+    hist: np.ndarray,
+    sums: np.ndarray,
+) -> bool:
+    """Reference GEM step, in place on θ, accumulating into hist and sums like the kernel."""
+    if not (np.isfinite(delta).all() and np.isfinite(a).all() and np.isfinite(s).all()):
+        return False
+    pi = np.abs(theta - s)
+    np.subtract(a, pi, out=pi)
+    pi /= np.abs(delta) + np.float32(eps)
+    np.clip(pi, np.float32(0.0), np.float32(pi_max), out=pi)
+    theta += pi * delta
+    diff = theta - s
+    e2 = diff * diff
+    a2 = a * a
+    bins = pi_bins(pi, pi_max)
+    for t in range(len(offsets) - 1):
+        lo, hi = int(offsets[t]), int(offsets[t + 1])
+        hist[t] += np.bincount(bins[lo:hi], minlength=HIST_BINS + 2)
+        sums[t, 0] += np.sum(e2[lo:hi], dtype=np.float64)
+        sums[t, 1] += np.sum(a2[lo:hi], dtype=np.float64)
+    return True
 
 
-def scaled_apply_numpy(theta: np.ndarray, delta: np.ndarray, scale: float) -> None:
-    """Reference fixed-π step, in place on θ."""
+def fixed_step_numpy(theta: np.ndarray, delta: np.ndarray, scale: float) -> bool:
+    """Reference fixed-π step, in place on θ; rejects a non-finite update."""
+    if not np.isfinite(delta).all():
+        return False
     theta += np.float32(scale) * delta
+    return True
 
 
-class Kernel:
-    """The apply functions the master uses: the C++ extension if built, numpy otherwise."""
+def hist_median(hist: np.ndarray, pi_max: float) -> np.ndarray:
+    """Lower median of π per tensor, read off its histogram.
 
-    def __init__(self, prefer_extension: bool = True) -> None:
-        self.extension = None
-        if prefer_extension:
-            try:
-                from gem_mpi import _core
-
-                self.extension = _core
-            except ImportError:
-                self.extension = None
-
-    @property
-    def name(self) -> str:
-        if self.extension is not None:
-            return "C++ extension gem_mpi._core"
-        return "numpy reference (C++ extension gem_mpi._core NOT built: slower master)"
-
-    def gem_apply(self, theta, delta, a, s, pi_out, eps: float, pi_max: float) -> None:
-        if self.extension is not None:
-            self.extension.gem_apply(theta, delta, a, s, pi_out, float(eps), float(pi_max))
+    The lower median is the ⌈n/2⌉-th smallest π. It is exact when it is clamped (0 or
+    π_max); otherwise the estimate is interpolated inside the bin that holds it, so it is
+    off by at most one bin width, π_max / HIST_BINS.
+    """
+    out = np.empty(hist.shape[0], dtype=np.float32)
+    width = pi_max / HIST_BINS
+    for t, row in enumerate(hist):
+        total = int(row.sum())
+        if total == 0:
+            out[t] = np.nan
+            continue
+        rank = (total + 1) // 2
+        cum = np.cumsum(row)
+        b = int(np.searchsorted(cum, rank))
+        if b == 0:
+            out[t] = 0.0
+        elif b == HIST_BINS + 1:
+            out[t] = pi_max
         else:
-            gem_apply_numpy(theta, delta, a, s, pi_out, eps, pi_max)
-
-    def scaled_apply(self, theta: np.ndarray, delta: np.ndarray, scale: float) -> None:
-        if self.extension is not None:
-            self.extension.scaled_apply(theta, delta, float(scale))
-        else:
-            scaled_apply_numpy(theta, delta, scale)
+            frac = (rank - cum[b - 1] - 0.5) / row[b]
+            out[t] = (b - 1 + frac) * width
+    return out
 
 
 @dataclass
 class GemStats:
     """What the metrics record of one GEM step."""
 
-    pi_median: np.ndarray  # per tensor
+    pi_median: np.ndarray  # per tensor: lower median, to within π_max / HIST_BINS
     clamp_frac: np.ndarray  # per tensor: share of elements where π hit 0 or π_max
     energy_central: float  # ½‖θ_new − s‖²: the central variable's kinetic energy seen by w
     energy_proxy: float  # ½‖κ m‖²: the (amplified) proxy energy GEM matches
 
 
-def gem_stats(
-    pi: np.ndarray,
-    theta_new: np.ndarray,
-    s: np.ndarray,
-    a: np.ndarray,
-    offsets: np.ndarray,
-    pi_max: float,
-) -> GemStats:
-    """Per-tensor summaries of one step; vectorised over elements, a loop over tensors only."""
-    medians = np.array(
-        [np.median(pi[offsets[i]:offsets[i + 1]]) for i in range(len(offsets) - 1)],
-        dtype=np.float32,
-    )
-    clamped = (pi <= 0.0) | (pi >= np.float32(pi_max))
-    counts = np.add.reduceat(clamped, offsets[:-1])
-    sizes = np.diff(offsets)
-    d = theta_new - s
-    return GemStats(
-        pi_median=medians,
-        clamp_frac=(counts / sizes).astype(np.float32),
-        energy_central=0.5 * float(np.dot(d, d)),
-        energy_proxy=0.5 * float(np.dot(a, a)),
-    )
+def kernel_threads() -> int:
+    """GEM_NUM_THREADS, default 1: the master must not take cores from workers beside it."""
+    value = os.environ.get("GEM_NUM_THREADS", "1")
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        from gem_mpi.errors import UsageError
+
+        raise UsageError(f"GEM_NUM_THREADS must be a positive integer, got {value!r}")
+    return threads
+
+
+class Kernel:
+    """The master's update kernel: the C++ extension if built, else the numpy reference."""
+
+    def __init__(self, offsets: np.ndarray, prefer_extension: bool = True,
+                 threads: int = 1) -> None:
+        self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        self.sizes = np.diff(self.offsets)
+        self.threads = threads
+        self.extension = None
+        if prefer_extension:
+            try:
+                from gem_mpi import _core
+            except ImportError:
+                _core = None
+            if _core is not None and getattr(_core, "HIST_BINS", None) == HIST_BINS:
+                self.extension = _core
+        n_tensors = len(self.offsets) - 1
+        self._hist = np.zeros((n_tensors, HIST_BINS + 2), dtype=np.int64)
+        self._sums = np.zeros((n_tensors, 2), dtype=np.float64)
+
+    @property
+    def name(self) -> str:
+        if self.extension is not None:
+            return f"C++ extension gem_mpi._core ({self.threads} thread(s))"
+        return "numpy reference (C++ extension gem_mpi._core NOT built: slower master)"
+
+    def gem_step(self, theta: np.ndarray, delta: np.ndarray, a: np.ndarray, s: np.ndarray,
+                 eps: float, pi_max: float) -> GemStats | None:
+        """One GEM step; None when the update was rejected (θ untouched)."""
+        self._hist.fill(0)
+        self._sums.fill(0.0)
+        if self.extension is not None:
+            ok = self.extension.gem_step(theta, delta, a, s, self.offsets, float(eps),
+                                         float(pi_max), self._hist, self._sums, self.threads)
+        else:
+            ok = gem_step_numpy(theta, delta, a, s, self.offsets, eps, pi_max, self._hist,
+                                self._sums)
+        if not ok:
+            return None
+        clamped = self._hist[:, 0] + self._hist[:, HIST_BINS + 1]
+        return GemStats(
+            pi_median=hist_median(self._hist, pi_max),
+            clamp_frac=(clamped / np.maximum(self.sizes, 1)).astype(np.float32),
+            energy_central=0.5 * float(self._sums[:, 0].sum()),
+            energy_proxy=0.5 * float(self._sums[:, 1].sum()),
+        )
+
+    def fixed_step(self, theta: np.ndarray, delta: np.ndarray, scale: float) -> bool:
+        """One DOWNPOUR/adaptive step; False when the update was rejected (θ untouched)."""
+        if self.extension is not None:
+            return bool(self.extension.fixed_step(theta, delta, float(scale), self.threads))
+        return fixed_step_numpy(theta, delta, scale)

@@ -162,21 +162,26 @@ class Master:
         cfg, ep, P = self.cfg, self.ep, self.problem.n_params
         is_gem = cfg.method == "gem"
         theta = ep.theta
-        pi = np.empty(P, dtype=np.float32)
-        offsets = self.problem.offsets
         progress = Progress(cfg.log_every)
         backoff = Backoff(first=20e-6, limit=1e-3)
-        clock, done = 0, 0
+        clock, done, rejected = 0, 0, 0
+        rejected_by: dict[int, int] = {}
+        timers = dict.fromkeys(("wait", "apply", "metrics", "mpi"), 0.0)
         recent_loss, recent_stale = float("nan"), 0.0
-        t0 = time.perf_counter()
+        clock_fn = time.perf_counter
+        t0 = clock_fn()
         try:
             while done < self.n_workers:
                 self._drain_evals()
+                tm = clock_fn()
                 ready = ep.ready()
+                timers["mpi"] += clock_fn() - tm
                 if ready.size == 0:
-                    progress.update(clock, clock / max(time.perf_counter() - t0, 1e-9),
+                    progress.update(clock, clock / max(clock_fn() - t0, 1e-9),
                                     recent_loss, recent_stale, done, self.n_workers)
+                    tw = clock_fn()
                     backoff.wait()
+                    timers["wait"] += clock_fn() - tw
                     continue
                 backoff.reset()
                 for slot in ready:
@@ -194,39 +199,50 @@ class Master:
                     payload = ep.payloads[slot]
                     delta = payload[:P]
                     staleness = clock - pulled
-                    ta = time.perf_counter()
+                    ta = clock_fn()
                     ep.begin_write()
+                    tk = clock_fn()
                     if is_gem:
-                        a, s = payload[P:2 * P], payload[2 * P:3 * P]
-                        self.kernel.gem_apply(theta, delta, a, s, pi, cfg.eps, cfg.pi_max)
+                        stats = self.kernel.gem_step(theta, delta, payload[P:2 * P],
+                                                     payload[2 * P:3 * P], cfg.eps, cfg.pi_max)
+                        ok = stats is not None
                     else:
-                        self.kernel.scaled_apply(theta, delta, gem.fixed_scale(cfg.method,
-                                                                               staleness))
-                    clock += 1
+                        ok = self.kernel.fixed_step(
+                            theta, delta, gem.fixed_scale(cfg.method, staleness))
+                    tk2 = clock_fn()
+                    if ok:
+                        clock += 1
                     ep.end_write(clock)
-                    apply_s = time.perf_counter() - ta
-                    row = {
-                        "time": ta - t0, "worker": worker, "seq": seq, "ticket": ticket,
-                        "version_pulled": pulled, "clock": clock - 1, "staleness": staleness,
-                        "loss": loss, "queue": len(ready), "compute_s": compute_s,
-                        "apply_s": apply_s,
-                    }
-                    if is_gem and self.metrics is not None:
-                        st = gem.gem_stats(pi, theta, s, a, offsets, cfg.pi_max)
-                        row.update(pi_median=st.pi_median, clamp_frac=st.clamp_frac,
-                                   energy_central=st.energy_central,
-                                   energy_proxy=st.energy_proxy)
                     ep.release(slot)
+                    tm = clock_fn()
+                    timers["apply"] += tk2 - tk
+                    timers["mpi"] += tm - ta - (tk2 - tk)
+                    if not ok:
+                        rejected += 1
+                        self._reject(worker, seq, ticket, ta - t0, rejected_by)
+                        timers["metrics"] += clock_fn() - tm
+                        continue
                     if self.metrics is not None:
+                        row = {
+                            "time": ta - t0, "worker": worker, "seq": seq, "ticket": ticket,
+                            "version_pulled": pulled, "clock": clock - 1,
+                            "staleness": staleness, "loss": loss, "queue": len(ready),
+                            "compute_s": compute_s, "apply_s": tk2 - tk,
+                        }
+                        if is_gem:
+                            row.update(pi_median=stats.pi_median, clamp_frac=stats.clamp_frac,
+                                       energy_central=stats.energy_central,
+                                       energy_proxy=stats.energy_proxy)
                         self.metrics.add_update(row)
                     recent_loss = loss if math.isnan(recent_loss) else (
                         0.95 * recent_loss + 0.05 * loss)
                     recent_stale = 0.95 * recent_stale + 0.05 * staleness
                     if cfg.eval_every and clock % cfg.eval_every == 0:
-                        self.evaluator.submit(theta, clock, time.perf_counter() - t0)
-                progress.update(clock, clock / max(time.perf_counter() - t0, 1e-9),
+                        self.evaluator.submit(theta, clock, clock_fn() - t0)
+                    timers["metrics"] += clock_fn() - tm
+                progress.update(clock, clock / max(clock_fn() - t0, 1e-9),
                                 recent_loss, recent_stale, done, self.n_workers)
-            wall = time.perf_counter() - t0
+            wall = clock_fn() - t0
             progress.close()
             self.evaluator.close()
             self._drain_evals()
@@ -234,21 +250,36 @@ class Master:
                 test_loss, test_acc = self._last_eval[1:]
             else:
                 test_loss, test_acc = self.evaluator.evaluate(theta)
-                self._record_eval(time.perf_counter() - t0, clock, test_loss, test_acc)
+                self._record_eval(clock_fn() - t0, clock, test_loss, test_acc)
             final_theta = theta.copy()
         finally:
             progress.close()
         if cfg.save:
             self._save(final_theta)
         summary = {"updates": clock, "wall_s": wall, "test_loss": test_loss,
-                   "test_accuracy": test_acc, "finished": 1.0}
+                   "test_accuracy": test_acc, "finished": 1.0, "rejected": rejected,
+                   **{f"master_{k}_s": v for k, v in timers.items()}}
         if self.metrics is not None:
             self.metrics.close(summary)
         acc = "n/a" if math.isnan(test_acc) else f"{100 * test_acc:.2f} %"
+        extra = f", {rejected} rejected updates" if rejected else ""
         _say(f"done: {clock} updates in {wall:.1f} s ({clock / max(wall, 1e-9):.1f} upd/s), "
-             f"test loss {test_loss:.4f}, test accuracy {acc}")
+             f"test loss {test_loss:.4f}, test accuracy {acc}{extra}")
+        if cfg.verbose:
+            _say("master time: " + ", ".join(f"{k} {v:.2f} s" for k, v in timers.items()))
         self.ep.shutdown()
         return summary
+
+    def _reject(self, worker: int, seq: int, ticket: int, t: float,
+                rejected_by: dict[int, int]) -> None:
+        """Count a poisoned update; name its worker the first time and every 100th."""
+        count = rejected_by[worker] = rejected_by.get(worker, 0) + 1
+        if count == 1 or count % 100 == 0:
+            _say(f"rejected update {seq} of worker {worker}: it holds NaN or Inf "
+                 f"({count} rejected from this worker so far); θ is unchanged")
+        if self.metrics is not None:
+            self.metrics.add_rejected({"time": t, "worker": worker, "seq": seq,
+                                       "ticket": ticket})
 
     def _drain_evals(self) -> None:
         for t, clock, loss, acc, exc in self.evaluator.results():

@@ -37,6 +37,9 @@ GEM_COLUMNS = [
     ("energy_proxy", "f8"),  # ½‖κ m‖²
 ]
 EVAL_COLUMNS = [("time", "f8"), ("clock", "f8"), ("test_loss", "f8"), ("test_accuracy", "f8")]
+REJECTED_COLUMNS = [("time", "f8"), ("worker", "i4"), ("seq", "i8"), ("ticket", "i8")]
+SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished", "rejected",
+                  "master_wait_s", "master_apply_s", "master_metrics_s", "master_mpi_s"]
 
 
 def library_versions() -> dict[str, str]:
@@ -132,9 +135,10 @@ class MetricsWriter:
             cols += [("pi_median", "f4", (k,)), ("clamp_frac", "f4", (k,))]
         self.updates = _Table(f.create_group("updates"), cols)
         self.evals = _Table(f.create_group("eval"), [(n, d, ()) for n, d in EVAL_COLUMNS])
+        self.rejected = _Table(f.create_group("rejected"),
+                               [(n, d, ()) for n, d in REJECTED_COLUMNS])
         summary = f.create_group("summary")
-        self._summary_names = ["updates", "wall_s", "test_loss", "test_accuracy", "finished"]
-        for name in self._summary_names:
+        for name in SUMMARY_FIELDS:
             summary.create_dataset(name, shape=(), dtype="f8", data=np.nan)
         f.swmr_mode = True
         self._last_flush = time.monotonic()
@@ -144,6 +148,10 @@ class MetricsWriter:
         if time.monotonic() - self._last_flush > self.flush_seconds:
             self.flush()
 
+    def add_rejected(self, row: dict) -> None:
+        self.rejected.append(row)
+        self.flush()
+
     def add_eval(self, row: dict) -> None:
         self.evals.append(row)
         self.flush()
@@ -151,13 +159,14 @@ class MetricsWriter:
     def flush(self) -> None:
         self.updates.write()
         self.evals.write()
+        self.rejected.write()
         self._f.flush()
         self._last_flush = time.monotonic()
 
     def close(self, summary: dict) -> None:
         """Write the summary and close; a file without a finished summary was cut short."""
         self.flush()
-        for name in self._summary_names:
+        for name in SUMMARY_FIELDS:
             self._f["summary"][name][()] = float(summary.get(name, np.nan))
         self._f.flush()
         self._f.close()
@@ -172,6 +181,7 @@ def read_run(path: str) -> dict:
             "tensors": {k: f["tensors"][k][()] for k in f["tensors"]},
             "updates": {k: f["updates"][k][()] for k in f["updates"]},
             "eval": {k: f["eval"][k][()] for k in f["eval"]},
+            "rejected": {k: f["rejected"][k][()] for k in f.get("rejected", {})},
             "summary": {k: float(f["summary"][k][()]) for k in f["summary"]},
         }
     return out

@@ -24,7 +24,10 @@ def _say(text: str) -> None:
 
 
 def _check_on_master(cfg: config.Config, size: int) -> None:
+    from gem_mpi.gem import kernel_threads
+
     config.validate(cfg, size)
+    kernel_threads()  # GEM_NUM_THREADS
     if cfg.model != "quadratic":
         from gem_mpi.data import check_dataset, dataset_spec
 
@@ -72,7 +75,8 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> int:
     if rank == MASTER:
         from gem_mpi.master import Master
 
-        kernel = gem.Kernel(prefer_extension=not cfg.no_extension)
+        kernel = gem.Kernel(problem.offsets, prefer_extension=not cfg.no_extension,
+                            threads=gem.kernel_threads())
         _say(
             f"{cfg.method} on {cfg.model}/{cfg.dataset}: 1 master + {layout.n_workers} workers, "
             f"{problem.n_params} parameters, master kernel: {kernel.name}"

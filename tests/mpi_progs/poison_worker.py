@@ -1,0 +1,27 @@
+"""Run the real launcher with one worker whose every 5th update holds a NaN or an Inf."""
+
+import sys
+
+import numpy as np
+
+from gem_mpi import train
+from gem_mpi.quadratic import Quadratic
+from gem_mpi.transport import MPI
+
+bad_rank = int(sys.argv[1])
+real_step = Quadratic.step
+calls = {"n": 0}
+
+
+def poisoned_step(self, s, target, lr):
+    delta, loss = real_step(self, s, target, lr)
+    if MPI.COMM_WORLD.Get_rank() == bad_rank:
+        calls["n"] += 1
+        if calls["n"] % 5 == 0:
+            delta = delta.copy()
+            delta[calls["n"] % delta.size] = np.nan if calls["n"] % 10 else np.inf
+    return delta, loss
+
+
+Quadratic.step = poisoned_step
+sys.exit(train.launch(sys.argv[2:]))
