@@ -94,7 +94,8 @@ py::array_t<T, py::array::c_style> as_typed(const char* fn, const char* name,
 
 bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::object& a_o,
               const py::object& s_o, const py::object& offsets_o, float eps, float pi_max,
-              const py::object& hist_o, const py::object& sums_o, int threads) {
+              const py::object& hist_o, const py::object& sums_o, const py::object& counts_o,
+              int threads) {
   const char* fn = "gem_step";
   F32 theta = as_vector(fn, "theta", theta_o, true);
   F32 delta = as_vector(fn, "delta", delta_o, false);
@@ -107,6 +108,7 @@ bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::ob
   auto offsets = as_typed<std::int64_t>(fn, "offsets", offsets_o, 1, false);
   auto hist = as_typed<std::int64_t>(fn, "hist", hist_o, 2, true);
   auto sums = as_typed<double>(fn, "sums", sums_o, 2, true);
+  auto counts = as_typed<std::int64_t>(fn, "counts", counts_o, 2, true);
   const py::ssize_t t = offsets.size() - 1;
   if (t < 1) throw py::value_error("gem_step: offsets needs at least 2 entries");
   const std::int64_t* off = offsets.data();
@@ -119,8 +121,9 @@ bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::ob
   if (hist.shape(0) != t || hist.shape(1) != gem_mpi::kHistRow) {
     throw py::value_error("gem_step: hist must have shape (n_tensors, HIST_BINS + 2)");
   }
-  if (sums.shape(0) != t || sums.shape(1) != 2) {
-    throw py::value_error("gem_step: sums must have shape (n_tensors, 2)");
+  if (sums.shape(0) != t || sums.shape(1) != 2 || counts.shape(0) != t ||
+      counts.shape(1) != 2) {
+    throw py::value_error("gem_step: sums and counts must have shape (n_tensors, 2)");
   }
   if (!(pi_max > 0.0f) || !(eps > 0.0f) || threads < 1) {
     throw py::value_error("gem_step: needs pi_max > 0, eps > 0 and threads >= 1");
@@ -128,10 +131,11 @@ bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::ob
   float* theta_p = theta.mutable_data();
   std::int64_t* hist_p = hist.mutable_data();
   double* sums_p = sums.mutable_data();
+  std::int64_t* counts_p = counts.mutable_data();
   py::gil_scoped_release nogil;
   return gem_mpi::gem_step(theta_p, delta.data(), a.data(), s.data(),
                            static_cast<std::size_t>(n), off, static_cast<std::size_t>(t), eps,
-                           pi_max, hist_p, sums_p, threads);
+                           pi_max, hist_p, sums_p, counts_p, threads);
 }
 
 bool fixed_step(const py::object& theta_o, const py::object& delta_o, float scale,
@@ -185,6 +189,7 @@ py::dict build_info() {
   info["build_type"] = GEM_MPI_BUILD_TYPE;
   info["flags"] = gem_mpi::compile_flags();
   info["native"] = gem_mpi::built_native();
+  info["avx2_clone"] = gem_mpi::built_clones();
   info["fp_contract"] = "off";
   info["pybind11"] = std::to_string(PYBIND11_VERSION_MAJOR) + "." +
                      std::to_string(PYBIND11_VERSION_MINOR) + "." +
@@ -199,15 +204,18 @@ PYBIND11_MODULE(_core, m) {
   m.attr("__version__") = GEM_MPI_VERSION;
 
   m.attr("HIST_BINS") = gem_mpi::kHistBins;
+  m.attr("HIST_SAMPLE") = static_cast<int>(gem_mpi::kHistSample);
 
   m.def("gem_step", &gem_step, py::arg("theta"), py::arg("delta"), py::arg("a"), py::arg("s"),
         py::arg("offsets"), py::arg("eps"), py::arg("pi_max"), py::arg("hist"),
-        py::arg("sums"), py::arg("threads") = 1,
-        R"doc(gem_step(theta, delta, a, s, offsets, eps, pi_max, hist, sums, threads=1) -> bool
+        py::arg("sums"), py::arg("counts"), py::arg("threads") = 1,
+        R"doc(gem_step(theta, delta, a, s, offsets, eps, pi_max, hist, sums, counts, threads=1) -> bool
 
 One fused GEM step in place on theta (1-D float32; delta, a, s of the same size), with
-per-tensor statistics accumulated into hist (int64, (T, HIST_BINS + 2)) and sums
-(float64, (T, 2): sum of (theta_new - s)^2 and of a^2), T = len(offsets) - 1.
+per-tensor statistics accumulated into hist (int64, (T, HIST_BINS + 2); a tensor of n
+elements contributes every sample_stride(n)-th one), sums (float64, (T, 2): sum of
+(theta_new - s)^2 and of a^2) and counts (int64, (T, 2): elements with pi <= 0 and with
+pi >= pi_max), T = len(offsets) - 1.
 Returns False, writing nothing, when delta, a or s holds a NaN or Inf. theta is
 bit-identical to gem_mpi.gem.gem_step_numpy. The GIL is released.)doc");
 

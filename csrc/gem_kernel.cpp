@@ -19,6 +19,20 @@
 #error "gem_kernel.cpp must not be compiled with -ffast-math: results must match numpy bit for bit"
 #endif
 
+// The hot loops are compiled twice on x86-64 with GCC, for the generic target and for
+// x86-64-v3 (AVX2), and the loader picks the clone the CPU supports (ifunc): portable
+// binaries, wider vectors where they exist. Same IEEE operations, no FMA contraction
+// (-ffp-contract=off), so both clones give the same bits. GEM_MPI_NATIVE builds for the
+// build machine's CPU instead.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && \
+    !GEM_MPI_NATIVE
+#define GEM_MPI_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
+#define GEM_MPI_CLONED 1
+#else
+#define GEM_MPI_CLONES
+#define GEM_MPI_CLONED 0
+#endif
+
 namespace gem_mpi {
 
 namespace {
@@ -64,35 +78,50 @@ bool finite_range(const float* x, std::size_t b, std::size_t e) noexcept {
   return bad == 0;
 }
 
-bool all_finite_mt(const float* const* arrays, int count, std::size_t n, int threads) {
+// x * 0 is 0 for every finite x and NaN for NaN and ±Inf, so one sum over all arrays is 0
+// exactly when they are all finite: one vectorised pass that reads each array once.
+GEM_MPI_CLONES bool finite3_range(const float* x, const float* y, const float* z,
+                                  std::size_t b, std::size_t e) noexcept {
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (std::size_t i = b; i < e; ++i) acc += (x[i] * 0.0f + y[i] * 0.0f) + z[i] * 0.0f;
+  return acc == 0.0f;
+}
+
+bool all_finite_mt(const float* x, const float* y, const float* z, std::size_t n,
+                   int threads) {
   const int t = std::max(1, threads);
   std::vector<char> ok(static_cast<std::size_t>(t), 1);
   parallel_ranges(n, t, [&](std::size_t b, std::size_t e, int w) {
-    for (int k = 0; k < count; ++k) {
-      if (!finite_range(arrays[k], b, e)) {
-        ok[static_cast<std::size_t>(w)] = 0;
-        return;
-      }
-    }
+    ok[static_cast<std::size_t>(w)] = finite3_range(x, y, z, b, e) ? 1 : 0;
   });
   return std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; });
 }
 
-// The GEM step on [b, e), all inside tensor `row` of the statistics.
-void gem_block_range(float* theta, const float* delta, const float* a, const float* s,
-                     std::size_t b, std::size_t e, float eps, float pi_max, float inv_width,
-                     std::int64_t* hist_row, double* sums_row) {
+// The GEM step on [b, e), all inside one tensor that starts at element `lo`. The arithmetic
+// loop is branch-free and vectorises; its float sums and clamp counts are per-block SIMD
+// reductions (lane order fixed for a given build; theta is element-wise and unaffected).
+// The histogram takes the elements lo, lo + stride, lo + 2 stride, ... of the tensor, in a
+// second loop over four sub-histograms so that repeated bins do not serialise.
+GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const float* a,
+                                    const float* s, std::size_t b, std::size_t e,
+                                    std::size_t lo, std::size_t stride, float eps,
+                                    float pi_max, float inv_width, std::int64_t* hist_row,
+                                    double* sums_row, std::int64_t* counts_row) {
   alignas(64) float pib[kBlock];
-  alignas(64) float e2[kBlock];
-  alignas(64) float a2[kBlock];
-  double acc_e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  double acc_a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  alignas(64) std::int32_t bins[kBlock];
+  std::int32_t sub[4][kHistRow] = {};
+  double se = 0.0, sa = 0.0;
+  std::int64_t n_low = 0, n_high = 0;
   for (std::size_t base = b; base < e; base += kBlock) {
     const std::size_t m = std::min(kBlock, e - base);
     float* th = theta + base;
     const float* d = delta + base;
     const float* aa = a + base;
     const float* ss = s + base;
+    float se_block = 0.0f, sa_block = 0.0f;  // a block's sums in float lanes, then double
+    std::int32_t low_block = 0, high_block = 0;
+#pragma omp simd reduction(+ : se_block, sa_block, low_block, high_block)
     for (std::size_t k = 0; k < m; ++k) {  // the numpy reference's operations, in its order
       const float t = th[k];
       const float shift = std::fabs(t - ss[k]);
@@ -100,43 +129,43 @@ void gem_block_range(float* theta, const float* delta, const float* a, const flo
       const float pi = clip_like_numpy((aa[k] - shift) / denom, 0.0f, pi_max);
       const float nt = t + pi * d[k];
       th[k] = nt;
-      pib[k] = pi;
       const float diff = nt - ss[k];
-      e2[k] = diff * diff;
-      a2[k] = aa[k] * aa[k];
+      se_block += diff * diff;
+      sa_block += aa[k] * aa[k];
+      low_block += (pi > 0.0f) ? 0 : 1;
+      high_block += (pi >= pi_max) ? 1 : 0;
+      pib[k] = pi;
     }
-    std::size_t k = 0;
-    for (; k + 8 <= m; k += 8) {  // eight independent chains: vectorisable, deterministic
-      for (int j = 0; j < 8; ++j) {
-        acc_e[j] += static_cast<double>(e2[k + j]);
-        acc_a[j] += static_cast<double>(a2[k + j]);
-      }
-    }
-    for (; k < m; ++k) {
-      acc_e[0] += static_cast<double>(e2[k]);
-      acc_a[0] += static_cast<double>(a2[k]);
-    }
+    se += static_cast<double>(se_block);
+    sa += static_cast<double>(sa_block);
+    n_low += low_block;
+    n_high += high_block;
+    // first sampled element at or after base
+    std::size_t k = (stride - (base - lo) % stride) % stride;
+    // bins of the whole block, branch-free and vectorised; then the (sampled) increments
+#pragma omp simd
     for (std::size_t q = 0; q < m; ++q) {
       const float pi = pib[q];
-      int bin;
-      if (!(pi > 0.0f)) {
-        bin = 0;
-      } else if (pi >= pi_max) {
-        bin = kHistBins + 1;
-      } else {
-        const int idx = static_cast<int>(pi * inv_width);
-        bin = 1 + std::min(idx, kHistBins - 1);
-      }
-      ++hist_row[bin];
+      const std::int32_t idx = static_cast<std::int32_t>(pi * inv_width);
+      std::int32_t bin = 1 + (idx < kHistBins - 1 ? idx : kHistBins - 1);
+      bin = (pi > 0.0f) ? bin : 0;
+      bins[q] = (pi >= pi_max) ? kHistBins + 1 : bin;
     }
+    for (; k + 3 * stride < m; k += 4 * stride) {
+      ++sub[0][bins[k]];
+      ++sub[1][bins[k + stride]];
+      ++sub[2][bins[k + 2 * stride]];
+      ++sub[3][bins[k + 3 * stride]];
+    }
+    for (; k < m; k += stride) ++sub[0][bins[k]];
   }
-  double se = 0.0, sa = 0.0;
-  for (int j = 0; j < 8; ++j) {
-    se += acc_e[j];
-    sa += acc_a[j];
+  for (int j = 0; j < kHistRow; ++j) {
+    hist_row[j] += static_cast<std::int64_t>(sub[0][j]) + sub[1][j] + sub[2][j] + sub[3][j];
   }
   sums_row[0] += se;
   sums_row[1] += sa;
+  counts_row[0] += n_low;
+  counts_row[1] += n_high;
 }
 
 }  // namespace
@@ -145,17 +174,18 @@ bool all_finite(const float* x, std::size_t n) noexcept { return finite_range(x,
 
 bool gem_step(float* theta, const float* delta, const float* a, const float* s, std::size_t n,
               const std::int64_t* offsets, std::size_t n_tensors, float eps, float pi_max,
-              std::int64_t* hist, double* sums, int threads) {
-  const float* inputs[3] = {delta, a, s};
-  if (!all_finite_mt(inputs, 3, n, threads)) return false;
+              std::int64_t* hist, double* sums, std::int64_t* counts, int threads) {
+  if (!all_finite_mt(delta, a, s, n, threads)) return false;
   const float inv_width = static_cast<float>(kHistBins) / pi_max;
   const int t = std::max(1, threads);
   // per-thread statistics, merged below (thread 0 writes straight into the outputs)
   std::vector<std::int64_t> hist_local(static_cast<std::size_t>(t - 1) * n_tensors * kHistRow);
   std::vector<double> sums_local(static_cast<std::size_t>(t - 1) * n_tensors * 2);
+  std::vector<std::int64_t> counts_local(static_cast<std::size_t>(t - 1) * n_tensors * 2);
   parallel_ranges(n, t, [&](std::size_t b, std::size_t e, int w) {
     std::int64_t* h = w == 0 ? hist : hist_local.data() + (w - 1) * n_tensors * kHistRow;
     double* sm = w == 0 ? sums : sums_local.data() + (w - 1) * n_tensors * 2;
+    std::int64_t* cn = w == 0 ? counts : counts_local.data() + (w - 1) * n_tensors * 2;
     // the tensor holding element b
     std::size_t row = static_cast<std::size_t>(
         std::upper_bound(offsets, offsets + n_tensors + 1, static_cast<std::int64_t>(b)) -
@@ -164,8 +194,10 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
     while (i < e && row < n_tensors) {
       const std::size_t seg_end = std::min(e, static_cast<std::size_t>(offsets[row + 1]));
       if (seg_end > i) {
-        gem_block_range(theta, delta, a, s, i, seg_end, eps, pi_max, inv_width,
-                        h + row * kHistRow, sm + row * 2);
+        const auto lo = static_cast<std::size_t>(offsets[row]);
+        const std::size_t size = static_cast<std::size_t>(offsets[row + 1]) - lo;
+        gem_block_range(theta, delta, a, s, i, seg_end, lo, sample_stride(size), eps, pi_max,
+                        inv_width, h + row * kHistRow, sm + row * 2, cn + row * 2);
         i = seg_end;
       }
       ++row;
@@ -174,15 +206,16 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
   for (int w = 1; w < t; ++w) {
     const std::int64_t* h = hist_local.data() + (w - 1) * n_tensors * kHistRow;
     const double* sm = sums_local.data() + (w - 1) * n_tensors * 2;
+    const std::int64_t* cn = counts_local.data() + (w - 1) * n_tensors * 2;
     for (std::size_t k = 0; k < n_tensors * kHistRow; ++k) hist[k] += h[k];
     for (std::size_t k = 0; k < n_tensors * 2; ++k) sums[k] += sm[k];
+    for (std::size_t k = 0; k < n_tensors * 2; ++k) counts[k] += cn[k];
   }
   return true;
 }
 
 bool fixed_step(float* theta, const float* delta, std::size_t n, float scale, int threads) {
-  const float* inputs[1] = {delta};
-  if (!all_finite_mt(inputs, 1, n, threads)) return false;
+  if (!all_finite_mt(delta, delta, delta, n, threads)) return false;
   parallel_ranges(n, threads, [&](std::size_t b, std::size_t e, int) {
     for (std::size_t i = b; i < e; ++i) {
       const float step = scale * delta[i];
@@ -192,9 +225,17 @@ bool fixed_step(float* theta, const float* delta, std::size_t n, float scale, in
   return true;
 }
 
+namespace {
+// cloned like the GEM loops, so the reference gets the same vector width
+GEM_MPI_CLONES void triad_range(float* a, const float* b, const float* c, float q,
+                                std::size_t lo, std::size_t hi) noexcept {
+  for (std::size_t i = lo; i < hi; ++i) a[i] = b[i] + q * c[i];
+}
+}  // namespace
+
 void triad(float* a, const float* b, const float* c, float q, std::size_t n, int threads) {
   parallel_ranges(n, threads, [&](std::size_t lo, std::size_t hi, int) {
-    for (std::size_t i = lo; i < hi; ++i) a[i] = b[i] + q * c[i];
+    triad_range(a, b, c, q, lo, hi);
   });
 }
 
@@ -207,5 +248,7 @@ void copy(float* dst, const float* src, std::size_t n, int threads) {
 const char* compile_flags() noexcept { return GEM_MPI_CXX_FLAGS; }
 
 bool built_native() noexcept { return GEM_MPI_NATIVE != 0; }
+
+bool built_clones() noexcept { return GEM_MPI_CLONED != 0; }
 
 }  // namespace gem_mpi

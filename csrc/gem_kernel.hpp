@@ -17,6 +17,14 @@ namespace gem_mpi {
 constexpr int kHistBins = 512;
 constexpr int kHistRow = kHistBins + 2;
 
+// The histogram of a tensor of n elements takes every sample_stride(n)-th element: all of
+// them up to kHistSample elements, else between kHistSample / 2 and kHistSample evenly
+// spaced ones. Increments are the kernel's costliest part; the clamp counts stay exact.
+constexpr std::size_t kHistSample = 8192;
+inline std::size_t sample_stride(std::size_t n) noexcept {
+  return n <= kHistSample ? 1 : (n + kHistSample - 1) / kHistSample;
+}
+
 // True when no element is NaN or ±Inf.
 bool all_finite(const float* x, std::size_t n) noexcept;
 
@@ -25,15 +33,16 @@ bool all_finite(const float* x, std::size_t n) noexcept;
 // Per element i of tensor t:
 //   pi = clamp((a[i] - |theta[i] - s[i]|) / (|delta[i]| + eps), 0, pi_max)
 //   theta[i] += pi * delta[i]
-//   hist[t * kHistRow + bin(pi)] += 1
-//   sums[2 t] += (theta_new[i] - s[i])^2 ;  sums[2 t + 1] += a[i]^2   (squares in float32,
-//   sums in double)
-// hist and sums are accumulated into (the caller zeroes them). threads >= 1 splits the
+//   hist[t * kHistRow + bin(pi)] += 1          for the sampled elements (sample_stride)
+//   sums[2 t] += (theta_new[i] - s[i])^2 ;  sums[2 t + 1] += a[i]^2   (float32 squares,
+//   summed in float within blocks of 1024 elements, then in double)
+//   counts[2 t] += (pi <= 0) ;  counts[2 t + 1] += (pi >= pi_max)   (exact clamp counts)
+// hist, sums and counts are accumulated into (the caller zeroes them). threads >= 1 splits the
 // elements into contiguous ranges; theta and hist do not depend on it, the sums' rounding
 // does (summation order).
 bool gem_step(float* theta, const float* delta, const float* a, const float* s, std::size_t n,
               const std::int64_t* offsets, std::size_t n_tensors, float eps, float pi_max,
-              std::int64_t* hist, double* sums, int threads);
+              std::int64_t* hist, double* sums, std::int64_t* counts, int threads);
 
 // theta[i] += scale * delta[i] (DOWNPOUR: scale 1; adaptive staleness: 1 / (tau + 1)),
 // unless delta holds a non-finite value: then nothing is written and false is returned.
@@ -47,5 +56,7 @@ void copy(float* dst, const float* src, std::size_t n, int threads);
 // Flags the library was compiled with, and whether -march=native was among them.
 const char* compile_flags() noexcept;
 bool built_native() noexcept;
+// Whether the hot loops carry a generic and an AVX2 clone chosen at load time.
+bool built_clones() noexcept;
 
 }  // namespace gem_mpi
