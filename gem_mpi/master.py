@@ -184,52 +184,55 @@ class Master:
                     timers["wait"] += clock_fn() - tw
                     continue
                 backoff.reset()
+                # One exclusive lock for every update that is ready: the lock and the slot
+                # releases cost as much as a small update, so they are paid per batch.
+                ta = clock_fn()
+                ep.begin_write()
+                applied = []
                 for slot in ready:
                     head = ep.headers_i[slot]
-                    ticket = ep.ticket_of(slot)
                     if head[H_KIND] == KIND_DONE:
                         done += 1
-                        ep.release(slot)
                         continue
                     if head[H_KIND] != KIND_UPDATE:
                         raise RuntimeError(f"corrupt inbox slot {slot}: kind {head[H_KIND]}")
-                    worker, seq, pulled = int(head[H_RANK]), int(head[H_SEQ]), int(head[H_VERSION])
-                    loss = float(ep.headers_f[slot, H_LOSS])
-                    compute_s = float(ep.headers_f[slot, H_COMPUTE_S])
+                    pulled = int(head[H_VERSION])
                     payload = ep.payloads[slot]
-                    delta = payload[:P]
                     staleness = clock - pulled
-                    ta = clock_fn()
-                    ep.begin_write()
                     tk = clock_fn()
                     if is_gem:
-                        stats = self.kernel.gem_step(theta, delta, payload[P:2 * P],
+                        stats = self.kernel.gem_step(theta, payload[:P], payload[P:2 * P],
                                                      payload[2 * P:3 * P], cfg.eps, cfg.pi_max)
                         ok = stats is not None
                     else:
+                        stats = None
                         ok = self.kernel.fixed_step(
-                            theta, delta, gem.fixed_scale(cfg.method, staleness))
-                    tk2 = clock_fn()
+                            theta, payload[:P], gem.fixed_scale(cfg.method, staleness))
+                    apply_s = clock_fn() - tk
+                    timers["apply"] += apply_s
+                    applied.append((slot, ok, clock, staleness, stats, apply_s, tk - t0,
+                                    head.copy(), ep.headers_f[slot].copy(), ep.ticket_of(slot)))
                     if ok:
                         clock += 1
-                    ep.end_write(clock)
-                    ep.release(slot)
-                    tm = clock_fn()
-                    timers["apply"] += tk2 - tk
-                    timers["mpi"] += tm - ta - (tk2 - tk)
+                ep.end_write(clock)
+                ep.release_all(ready)
+                tm = clock_fn()
+                timers["mpi"] += tm - ta - sum(item[5] for item in applied)
+                for _slot, ok, at_clock, staleness, stats, apply_s, t_rel, hi, hf, ticket in applied:
+                    worker, seq = int(hi[H_RANK]), int(hi[H_SEQ])
+                    loss = float(hf[H_LOSS])
                     if not ok:
                         rejected += 1
-                        self._reject(worker, seq, ticket, ta - t0, rejected_by)
-                        timers["metrics"] += clock_fn() - tm
+                        self._reject(worker, seq, ticket, t_rel, rejected_by)
                         continue
                     if self.metrics is not None:
                         row = {
-                            "time": ta - t0, "worker": worker, "seq": seq, "ticket": ticket,
-                            "version_pulled": pulled, "clock": clock - 1,
+                            "time": t_rel, "worker": worker, "seq": seq, "ticket": ticket,
+                            "version_pulled": int(hi[H_VERSION]), "clock": at_clock,
                             "staleness": staleness, "loss": loss, "queue": len(ready),
-                            "compute_s": compute_s, "apply_s": tk2 - tk,
+                            "compute_s": float(hf[H_COMPUTE_S]), "apply_s": apply_s,
                         }
-                        if is_gem:
+                        if stats is not None:
                             row.update(pi_median=stats.pi_median, clamp_frac=stats.clamp_frac,
                                        energy_central=stats.energy_central,
                                        energy_proxy=stats.energy_proxy)
@@ -237,9 +240,9 @@ class Master:
                     recent_loss = loss if math.isnan(recent_loss) else (
                         0.95 * recent_loss + 0.05 * loss)
                     recent_stale = 0.95 * recent_stale + 0.05 * staleness
-                    if cfg.eval_every and clock % cfg.eval_every == 0:
+                    if cfg.eval_every and (at_clock + 1) % cfg.eval_every == 0:
                         self.evaluator.submit(theta, clock, clock_fn() - t0)
-                    timers["metrics"] += clock_fn() - tm
+                timers["metrics"] += clock_fn() - tm
                 progress.update(clock, clock / max(clock_fn() - t0, 1e-9),
                                 recent_loss, recent_stale, done, self.n_workers)
             wall = clock_fn() - t0

@@ -179,9 +179,9 @@ class MasterEndpoint:
     def ticket_of(self, slot: int) -> int:
         return int(self._snap[slot]) - 1
 
-    def release(self, slot: int) -> None:
-        """Mark a slot free once its message has been consumed."""
-        self.flags[slot] = 0
+    def release_all(self, slots: np.ndarray) -> None:
+        """Mark slots free once their messages have been consumed."""
+        self.flags[slots] = 0
         self._w.ctrl.Sync()
 
     def begin_write(self) -> None:

@@ -57,7 +57,7 @@ if rank == 0:
                 assert h[H_KIND] == KIND_DONE
                 done_tickets.append(ticket)
                 done += 1
-            ep.release(slot)
+            ep.release_all([slot])
     theta = ep.theta.copy()
     torn = comm.gather(0, root=0)
     ep.shutdown()
