@@ -22,16 +22,27 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
+def mpirun_cmd(n: int, args: list[str]) -> list[str]:
+    return ["mpirun", "--oversubscribe", "-n", str(n), sys.executable, *args]
+
+
 def mpirun(n: int, args: list[str], timeout: float = 300, cwd: Path | None = None
            ) -> subprocess.CompletedProcess:
     """Run ``args`` (after the python executable) on n ranks; never hangs past ``timeout``."""
-    cmd = ["mpirun", "--oversubscribe", "-n", str(n), sys.executable, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,
-                          env=mpi_env(), cwd=str(cwd or REPO))
+    return subprocess.run(mpirun_cmd(n, args), capture_output=True, text=True, timeout=timeout,
+                          check=False, env=mpi_env(), cwd=str(cwd or REPO))
 
 
 def train(n: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return mpirun(n, ["-m", "gem_mpi.train", *args], timeout=timeout)
+
+
+def train_background(n: int, *args: str) -> subprocess.Popen:
+    """Start a training job and return at once (in its own session; stdout discarded,
+    stderr piped): for tests that watch or kill a run while it trains. The caller ends it."""
+    return subprocess.Popen(mpirun_cmd(n, ["-m", "gem_mpi.train", *args]), env=mpi_env(),
+                            cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
 
 
 @pytest.fixture

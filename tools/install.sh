@@ -10,7 +10,7 @@
 #   1. Debian packages openmpi-bin libopenmpi-dev dataset-fashion-mnist g++ (apt-get; and
 #      python3-venv python3-dev when the python is Debian's own)
 #   2. a virtualenv at ${GEM_MPI_VENV:-$HOME/.cache/gem_mpi/venv}, shared by every checkout
-#   3. Python dependencies (torch, torchvision, mpi4py, numpy, h5py, ...)
+#   3. Python dependencies (torch, torchvision, mpi4py, numpy, h5py, matplotlib, ...)
 #   4. gem_mpi itself: pip install --no-build-isolation . (builds the C++ extension),
 #      skipped while the sources hash the same as at the last install
 #
@@ -98,8 +98,8 @@ _gem_install_main() {
 import importlib, os, sys
 want = {"torch": sys.argv[1], "torchvision": sys.argv[2], "mpi4py": sys.argv[3]}
 problems = []
-for name in ("numpy", "h5py", "tqdm", "pybind11", "pytest", "ruff", "setuptools", "wheel",
-             "cmake", "torch", "torchvision", "mpi4py"):
+for name in ("numpy", "h5py", "tqdm", "matplotlib", "pybind11", "pytest", "ruff",
+             "setuptools", "wheel", "cmake", "torch", "torchvision", "mpi4py"):
     if want.get(name) == "none":
         continue
     try:
@@ -155,7 +155,7 @@ except Exception as exc:
     [[ "$tv_pin" == any ]] || tv_req="torchvision==$tv_pin"
     [[ "$tv_pin" != none ]] || tv_req=""
     _gem_pip install "$torch_req" ${tv_req:+"$tv_req"} "mpi4py==$mpi4py_pin" \
-      numpy h5py pybind11 pytest tqdm ruff setuptools wheel cmake
+      numpy h5py matplotlib pybind11 pytest tqdm ruff setuptools wheel cmake
     report="$(_gem_check)"
     deps_line="$(sed -n 's/^deps //p' <<<"$report")"
     if [[ "$deps_line" != ok ]]; then

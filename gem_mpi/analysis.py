@@ -1,0 +1,545 @@
+"""Reading metrics files after (or while) a run trains: the one place tools/ touch HDF5.
+
+``tools/report.py``, ``tools/compare.py`` and ``tools/watch.py`` all go through this module,
+so they agree on what a gem_mpi run is, on what a missing column means and on how every
+number they print is computed. The writer and the schema are in gem_mpi/metrics.py
+(docs/METRICS.md); this module reads any version-1 file, whatever its method, including
+one cut short by a crash (``summary/finished`` NaN) and one still being written (SWMR).
+Columns are optional here: a method that does not write ``pi_median`` or ``staleness``
+simply has none, and each helper returns None for what it cannot compute.
+
+It needs h5py and numpy only; ``pyplot()`` imports matplotlib when a tool asks for it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn, Self
+
+import h5py
+import numpy as np
+
+from gem_mpi.errors import GemError
+from gem_mpi.metrics import EVAL_COLUMNS, GEM_COLUMNS, SCHEMA_VERSION, UPDATE_COLUMNS
+
+# What the writer puts in every run and in GEM runs only; a file that lacks one of these is
+# read all the same (with a note), and a column outside them is read too.
+COMMON_UPDATE_COLUMNS = [name for name, _ in UPDATE_COLUMNS]
+GEM_ONLY_COLUMNS = [name for name, _ in GEM_COLUMNS] + ["pi_median", "clamp_frac"]
+EVAL_COLUMN_NAMES = [name for name, _ in EVAL_COLUMNS]
+
+
+def expected_columns(method: str) -> dict[str, list[str]]:
+    """The columns gem_mpi.metrics writes for a run of this method, per group."""
+    updates = COMMON_UPDATE_COLUMNS + (GEM_ONLY_COLUMNS if method == "gem" else [])
+    return {"updates": updates, "eval": EVAL_COLUMN_NAMES}
+
+
+class RunFileError(GemError):
+    """The path is missing, not HDF5, or not a gem_mpi metrics file: one line for the user."""
+
+
+# --- opening ----------------------------------------------------------------------------
+
+def open_run_file(path: str | Path) -> h5py.File:
+    """Open a metrics file read-only under SWMR, so that a live writer is no obstacle.
+
+    Raises RunFileError with one readable sentence when the path is no gem_mpi run.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise RunFileError(f"{path}: no such file")
+    if p.is_dir():
+        raise RunFileError(f"{path}: is a directory, not a gem_mpi metrics file")
+    if not h5py.is_hdf5(p):
+        raise RunFileError(f"{path}: not an HDF5 file (expected the file that "
+                           "python -m gem_mpi.train --metrics writes)")
+    try:
+        f = h5py.File(p, "r", libver="latest", swmr=True)
+    except OSError as exc:
+        hint = ""
+        if "lock" in str(exc).lower():
+            hint = ("; if its writer has not switched SWMR on yet, retry (watch.py --wait); on "
+                    "a file system without locks set HDF5_USE_FILE_LOCKING=FALSE")
+        raise RunFileError(f"{path}: cannot open it for reading ({exc}){hint}") from None
+    if "gem_mpi_schema" not in f.attrs:
+        f.close()
+        raise RunFileError(f"{path}: HDF5, but not a gem_mpi run (no gem_mpi_schema "
+                           "attribute)")
+    raw = f.attrs["gem_mpi_schema"]
+    try:
+        version = int(raw)
+    except (TypeError, ValueError):
+        f.close()
+        raise RunFileError(f"{path}: unreadable gem_mpi_schema attribute {raw!r}") from None
+    if version > SCHEMA_VERSION:
+        f.close()
+        raise RunFileError(f"{path}: schema version {version} is newer than this gem_mpi "
+                           f"reads ({SCHEMA_VERSION}): update gem_mpi")
+    return f
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _header(f: h5py.File) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(attributes, config, notes) of an open run; a damaged config is a note, not a crash."""
+    attrs = {k: (_text(v) if isinstance(v, (str, bytes)) else v) for k, v in f.attrs.items()}
+    notes: list[str] = []
+    try:
+        config = json.loads(attrs.get("config", "{}"))
+    except ValueError:
+        config = {}
+        notes.append("the config attribute is not valid JSON: run settings unknown")
+    return attrs, config, notes
+
+
+def _method(attrs: dict[str, Any], config: dict[str, Any]) -> str:
+    return _text(attrs.get("method", config.get("method", "?")))
+
+
+def _columns(group: h5py.Group | None) -> dict[str, h5py.Dataset]:
+    if group is None:
+        return {}
+    return {k: v for k, v in group.items() if isinstance(v, h5py.Dataset)}
+
+
+def _rows(datasets: dict[str, h5py.Dataset]) -> int:
+    """Rows every column has: the writer resizes column by column, so a crash can leave
+    them uneven, and only the common prefix is a whole row."""
+    lengths = [ds.shape[0] for ds in datasets.values() if ds.ndim >= 1]
+    return min(lengths) if lengths else 0
+
+
+class _Described:
+    """What the root attributes say about a run, for Run and RunFollower alike."""
+
+    attrs: dict[str, Any]
+    config: dict[str, Any]
+
+    @property
+    def method(self) -> str:
+        return _method(self.attrs, self.config)
+
+    @property
+    def n_workers(self) -> int:
+        return int(self.attrs.get("n_workers", 0))
+
+    @property
+    def model(self) -> str:
+        return f"{self.config.get('model', '?')}/{self.config.get('dataset', '?')}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.method}, {self.n_workers} workers"
+
+
+# --- the whole run ----------------------------------------------------------------------
+
+@dataclass
+class Run(_Described):
+    """One metrics file read into memory; absent columns are absent, not errors."""
+
+    path: str
+    attrs: dict[str, Any]
+    config: dict[str, Any]
+    tensor_names: list[str]
+    tensor_sizes: np.ndarray
+    updates: dict[str, np.ndarray]
+    eval: dict[str, np.ndarray]
+    summary: dict[str, float]
+    other: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).stem
+
+    @property
+    def n_workers(self) -> int:
+        if "n_workers" in self.attrs:
+            return int(self.attrs["n_workers"])
+        w = self.col("worker")
+        return int(np.unique(w).size) if w is not None else 0
+
+    @property
+    def finished(self) -> bool:
+        """True only when the master wrote its summary: NaN means crashed or still running."""
+        return self.summary.get("finished", math.nan) == 1.0
+
+    @property
+    def n_updates(self) -> int:
+        return _rows_of(self.updates)
+
+    def col(self, name: str) -> np.ndarray | None:
+        """An /updates column, or None when this run's method or version does not write it."""
+        return self.updates.get(name)
+
+    def eval_col(self, name: str) -> np.ndarray | None:
+        """An /eval column, or None when absent."""
+        return self.eval.get(name)
+
+
+def _rows_of(table: dict[str, np.ndarray]) -> int:
+    return min((len(v) for v in table.values()), default=0)
+
+
+def _read_table(datasets: dict[str, h5py.Dataset], n: int) -> dict[str, np.ndarray]:
+    return {k: ds[:n] for k, ds in datasets.items() if ds.ndim >= 1}
+
+
+def load_run(path: str | Path) -> Run:
+    """Read a whole run (finished, crashed or live) into numpy arrays."""
+    with open_run_file(path) as f:
+        return _snapshot(f, str(path))
+
+
+def _snapshot(f: h5py.File, path: str) -> Run:
+    attrs, config, notes = _header(f)
+    tables: dict[str, dict[str, np.ndarray]] = {}
+    for gname, group in f.items():
+        if not isinstance(group, h5py.Group) or gname in ("tensors", "summary"):
+            continue
+        cols = _columns(group)
+        lengths = {ds.shape[0] for ds in cols.values() if ds.ndim >= 1}
+        n = _rows(cols)
+        if len(lengths) > 1:
+            notes.append(f"the columns of /{gname} have different lengths ({min(lengths)} to "
+                         f"{max(lengths)} rows; the writer stopped mid-flush): "
+                         f"{n} whole rows used")
+        tables[gname] = _read_table(cols, n)
+    tensors = _columns(f.get("tensors"))
+    names = [_text(x) for x in tensors["name"][()]] if "name" in tensors else []
+    sizes = tensors["size"][()] if "size" in tensors else np.ones(len(names), np.int64)
+    summary = {k: float(ds[()]) for k, ds in _columns(f.get("summary")).items()
+               if ds.ndim == 0}
+    method = _method(attrs, config)
+    for gname, names_expected in expected_columns(method).items():
+        lacking = [c for c in names_expected if c not in tables.get(gname, {})]
+        if lacking:
+            notes.append(f"/{gname} has no {', '.join(lacking)} column(s), which gem_mpi "
+                         f"writes for {method} runs: what needs them is skipped")
+    updates = tables.pop("updates", {})
+    evals = tables.pop("eval", {})
+    return Run(path, attrs, config, names, np.asarray(sizes), updates, evals, summary,
+               tables, notes)
+
+
+# --- following a live run ---------------------------------------------------------------
+
+class RunFollower(_Described):
+    """Keeps a run's file open under SWMR and reads only the rows that are new.
+
+    Rereading a whole file every few seconds costs as much as the file is large (a long
+    GEM run on a big model writes a π median per tensor per update); this reads the tail.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self.f = open_run_file(path)
+        self.attrs, self.config, self.notes = _header(self.f)
+        self._updates = _columns(self.f.get("updates"))
+        self._eval = _columns(self.f.get("eval"))
+        self._summary = _columns(self.f.get("summary"))
+        tensors = _columns(self.f.get("tensors"))
+        self.tensor_sizes = tensors["size"][()] if "size" in tensors else None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.f.close()
+
+    def refresh(self) -> None:
+        """See what the writer flushed since the last call."""
+        for table in (self._updates, self._eval, self._summary):
+            for ds in table.values():
+                ds.refresh()
+
+    def n_updates(self) -> int:
+        return _rows(self._updates)
+
+    def n_evals(self) -> int:
+        return _rows(self._eval)
+
+    def updates(self, start: int, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Rows start: of the /updates columns asked for (those that exist)."""
+        n = self.n_updates()
+        wanted = self._updates if names is None else {
+            k: v for k, v in self._updates.items() if k in names}
+        return {k: ds[start:n] for k, ds in wanted.items()}
+
+    def last_eval(self) -> dict[str, float] | None:
+        n = self.n_evals()
+        if n == 0:
+            return None
+        return {k: float(ds[n - 1]) for k, ds in self._eval.items()}
+
+    def summary(self) -> dict[str, float]:
+        return {k: float(ds[()]) for k, ds in self._summary.items() if ds.ndim == 0}
+
+    def finished(self) -> bool:
+        return self.summary().get("finished", math.nan) == 1.0
+
+
+# --- numbers every tool reports the same way ----------------------------------------------
+
+def smooth(y: np.ndarray, window: int | None = None) -> np.ndarray:
+    """Centred moving average that skips NaN; the default window is 2 % of the points."""
+    y = np.asarray(y, dtype=np.float64)
+    n = y.size
+    if n == 0:
+        return y
+    w = max(1, n // 50) if window is None else max(1, int(window))
+    ok = np.isfinite(y)
+    csum = np.concatenate([[0.0], np.cumsum(np.where(ok, y, 0.0))])
+    ccnt = np.concatenate([[0], np.cumsum(ok)])
+    idx = np.arange(n)
+    lo = np.clip(idx - w // 2, 0, n)
+    hi = np.clip(idx - w // 2 + w, 0, n)
+    cnt = ccnt[hi] - ccnt[lo]
+    out = np.full(n, np.nan)
+    has = cnt > 0
+    out[has] = (csum[hi] - csum[lo])[has] / cnt[has]
+    return out
+
+
+def worker_steps(run: Run) -> np.ndarray:
+    """x-axis "worker steps": each update's own step counter at its worker (seq), or the
+    master clock divided by the workers when seq is not recorded."""
+    seq = run.col("seq")
+    if seq is not None:
+        return seq.astype(np.float64)
+    return np.arange(run.n_updates, dtype=np.float64) / max(run.n_workers, 1)
+
+
+def loss_by_steps(run: Run, window: int | None = None) -> tuple[np.ndarray, np.ndarray,
+                                                                np.ndarray] | None:
+    """(worker steps, raw loss, smoothed loss) in step order, or None without a loss."""
+    loss = run.col("loss")
+    if loss is None or loss.size == 0:
+        return None
+    steps = worker_steps(run)
+    order = np.argsort(steps, kind="stable")
+    raw = loss[order].astype(np.float64)
+    return steps[order], raw, smooth(raw, window)
+
+
+def final_train_loss(run: Run, fraction: float = 0.1) -> float:
+    """Mean worker mini-batch loss over the last ``fraction`` of updates (at least one):
+    the "final training loss" of the paper's figure 1d."""
+    loss = run.col("loss")
+    if loss is None or loss.size == 0:
+        return math.nan
+    k = max(1, round(fraction * loss.size))
+    tail = loss[-k:].astype(np.float64)
+    tail = tail[np.isfinite(tail)]
+    return float(tail.mean()) if tail.size else math.nan
+
+
+@dataclass
+class FinalTest:
+    loss: float
+    accuracy: float
+    source: str  # where the numbers come from, said in reports
+
+
+def final_test(run: Run) -> FinalTest:
+    """The last test numbers: the summary's for a finished run, else the last evaluation."""
+    if run.finished:
+        return FinalTest(run.summary.get("test_loss", math.nan),
+                         run.summary.get("test_accuracy", math.nan), "the final evaluation")
+    clock, loss, acc = (run.eval_col(k) for k in ("clock", "test_loss", "test_accuracy"))
+    if loss is None or loss.size == 0:
+        return FinalTest(math.nan, math.nan, "none: the run has no evaluation")
+    at = f", at clock {int(clock[-1])}" if clock is not None and clock.size else ""
+    return FinalTest(float(loss[-1]),
+                     float(acc[-1]) if acc is not None and acc.size else math.nan,
+                     f"the last evaluation written{at}; the run did not finish")
+
+
+def wall_seconds(run: Run) -> float:
+    """Master's training time: the summary's, or the time of the last update when unfinished."""
+    wall = run.summary.get("wall_s", math.nan)
+    if math.isfinite(wall):
+        return wall
+    t = run.col("time")
+    return float(t[-1]) if t is not None and t.size else math.nan
+
+
+def applied_updates(run: Run) -> int:
+    """Applied updates: the summary's count for a finished run, else the rows written."""
+    count = run.summary.get("updates", math.nan)
+    return int(count) if math.isfinite(count) else run.n_updates
+
+
+def rejected(run: Run) -> int | None:
+    """Updates the master rejected (NaN or Inf in them): the summary's count, else the rows
+    of /rejected; None for files from before rejection was recorded."""
+    count = run.summary.get("rejected", math.nan)
+    if math.isfinite(count):
+        return int(count)
+    table = run.other.get("rejected")
+    return _rows_of(table) if table is not None else None
+
+
+def updates_per_second(run: Run) -> float:
+    wall = wall_seconds(run)
+    return applied_updates(run) / wall if wall > 0 else math.nan
+
+
+def throughput(run: Run, bins: int = 60) -> tuple[np.ndarray, np.ndarray] | None:
+    """(bin centres in seconds, updates/s at the master in each bin), or None without time."""
+    t = run.col("time")
+    if t is None or t.size < 2:
+        return None
+    end = max(float(t[-1]), 1e-9)
+    nb = max(1, min(bins, t.size // 5))
+    counts, edges = np.histogram(t, bins=nb, range=(0.0, end))
+    return 0.5 * (edges[1:] + edges[:-1]), counts / np.diff(edges)
+
+
+def worker_counts(run: Run) -> dict[int, int] | None:
+    """Updates applied per worker rank, every rank 1..n listed (0 for a starved one)."""
+    w = run.col("worker")
+    if w is None:
+        return None
+    ranks, counts = np.unique(w, return_counts=True)
+    out = dict.fromkeys(range(1, run.n_workers + 1), 0)
+    out.update({int(r): int(c) for r, c in zip(ranks, counts)})
+    return out
+
+
+@dataclass
+class Staleness:
+    mean: float
+    median: float
+    max: int
+    theory: int  # n − 1: the other workers' updates between a pull and its application
+
+
+def staleness(run: Run) -> Staleness | None:
+    tau = run.col("staleness")
+    if tau is None or tau.size == 0:
+        return None
+    return Staleness(float(tau.mean()), float(np.median(tau)), int(tau.max()),
+                     run.n_workers - 1)
+
+
+def median_pi(run: Run) -> np.ndarray | None:
+    """Per update, the median of π over all parameters, estimated as the size-weighted
+    median of the per-tensor medians the master records (the paper's figure 3)."""
+    pi = run.col("pi_median")
+    if pi is None or pi.size == 0:
+        return None
+    return weighted_row_median(pi, run.tensor_sizes)
+
+
+def _tensor_weights(sizes: np.ndarray | None, n_tensors: int) -> np.ndarray:
+    """Element counts per tensor, or equal weights when the file does not give them."""
+    w = np.asarray(sizes if sizes is not None else [], np.float64)
+    return w if w.shape == (n_tensors,) and w.sum() > 0 else np.ones(n_tensors)
+
+
+def weighted_row_median(pi: np.ndarray, sizes: np.ndarray | None) -> np.ndarray:
+    """Per row, the median of the per-tensor values weighted by tensor size (NaN skipped)."""
+    pi = pi.reshape(pi.shape[0], -1).astype(np.float64)
+    w = np.where(np.isfinite(pi), _tensor_weights(sizes, pi.shape[1]), 0.0)
+    order = np.argsort(np.where(np.isfinite(pi), pi, np.inf), axis=1)
+    vals = np.take_along_axis(pi, order, axis=1)
+    cum = np.cumsum(np.take_along_axis(w, order, axis=1), axis=1)
+    total = cum[:, -1:]
+    pick = np.argmax(cum >= 0.5 * total, axis=1)
+    out = vals[np.arange(pi.shape[0]), pick]
+    out[total[:, 0] <= 0] = np.nan
+    return out
+
+
+def pi_heatmap(run: Run, max_bins: int = 200) -> tuple[np.ndarray, np.ndarray] | None:
+    """(tensors × bins matrix of median π, bin edges in master updates), or None."""
+    pi = run.col("pi_median")
+    if pi is None or pi.size == 0:
+        return None
+    pi = pi.reshape(pi.shape[0], -1)
+    n = pi.shape[0]
+    edges = np.unique(np.linspace(0, n, min(n, max_bins) + 1).astype(int))
+    cells = np.full((pi.shape[1], edges.size - 1), np.nan)
+    for j, (a, b) in enumerate(itertools.pairwise(edges)):
+        block = pi[a:b]
+        finite = np.isfinite(block).any(axis=0)
+        if finite.any():
+            cells[finite, j] = np.nanmedian(block[:, finite], axis=0)
+    return cells, edges
+
+
+def energy_ratio(run: Run) -> np.ndarray | None:
+    """energy_central / energy_proxy per update (1: GEM matched the proxy's energy);
+    NaN where the proxy has no energy. None for methods without energies."""
+    central, proxy = run.col("energy_central"), run.col("energy_proxy")
+    if central is None or proxy is None:
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(proxy > 0, central / proxy, np.nan)
+    return ratio.astype(np.float64)
+
+
+def clamped_share(run: Run) -> float:
+    """Share of all parameter elements whose π was clamped, averaged over updates."""
+    frac = run.col("clamp_frac")
+    if frac is None or frac.size == 0:
+        return math.nan
+    frac = frac.reshape(frac.shape[0], -1).astype(np.float64)
+    w = _tensor_weights(run.tensor_sizes, frac.shape[1])
+    return float(np.nanmean(frac @ (w / w.sum())))
+
+
+def thin(n: int, max_points: int = 20000) -> slice:
+    """Every k-th row, so that a scatter of a million updates stays a small picture."""
+    return slice(None, None, max(1, math.ceil(n / max_points)))
+
+
+# --- command-line plumbing shared by tools/ -------------------------------------------------
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend: figures are files, no display is needed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"figure.dpi": 90, "savefig.dpi": 90, "font.size": 8,
+                         "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 7})
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write a figure as a small PNG and free it (tools make many in one process)."""
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    fig.clf()
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def cli(prog: str, main: Callable[[list[str]], int]) -> NoReturn:
+    """Run a tool's main; a bad input file or an unwritable output is one line on stderr and
+    exit code 2, never a traceback."""
+    try:
+        rc = main(sys.argv[1:])
+    except (RunFileError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        rc = 2
+    except KeyboardInterrupt:
+        rc = 130
+    sys.exit(rc)
