@@ -46,6 +46,9 @@ class Config:
     log_every: float = 10.0
     verbose: bool = False
     no_extension: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_every: float = 300.0
+    resume: str | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -109,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--verbose", action="store_true", help="workers report their own progress too")
     a("--no-extension", action="store_true", help="use the numpy reference at the master "
       "even when the C++ extension is built")
+    a("--checkpoint-dir", default=d.checkpoint_dir, help="the master writes checkpoints "
+      "here (HDF5, atomically; the newest is kept)")
+    a("--checkpoint-every", type=float, default=d.checkpoint_every, help="seconds between "
+      "checkpoints (0: only when stopped by SIGUSR1/SIGTERM)")
+    a("--resume", default=d.resume, help="continue from this checkpoint, or 'auto': the "
+      "newest in --checkpoint-dir if there is one, else start afresh")
     return p
 
 
@@ -163,6 +172,8 @@ def validate(cfg: Config, world_size: int) -> None:
         (cfg.threads >= 0, f"--threads must be >= 0, got {cfg.threads}"),
         (cfg.poll_max_ms > 0, f"--poll-max-ms must be > 0, got {cfg.poll_max_ms}"),
         (cfg.log_every > 0, f"--log-every must be > 0, got {cfg.log_every}"),
+        (cfg.checkpoint_every >= 0,
+         f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
     ]
     for ok, message in checks:
         if not ok:  # also catches NaN, which fails every comparison
@@ -173,3 +184,12 @@ def validate(cfg: Config, world_size: int) -> None:
             raise UsageError(f"--metrics {cfg.metrics!r} is a directory")
     if cfg.save:
         _writable_target(cfg.save, "--save")
+    if cfg.checkpoint_dir:
+        if not os.path.isdir(cfg.checkpoint_dir):
+            raise UsageError(f"--checkpoint-dir {cfg.checkpoint_dir!r} does not exist")
+        if not os.access(cfg.checkpoint_dir, os.W_OK):
+            raise UsageError(f"--checkpoint-dir {cfg.checkpoint_dir!r} is not writable")
+    if cfg.resume and cfg.resume != "auto" and not os.path.isfile(cfg.resume):
+        raise UsageError(f"--resume {cfg.resume!r}: no such file")
+    if cfg.resume == "auto" and not cfg.checkpoint_dir:
+        raise UsageError("--resume auto needs --checkpoint-dir")

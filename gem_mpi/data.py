@@ -347,7 +347,7 @@ class Split:
         raise NotImplementedError
 
     def _batches(
-        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int
+        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int, start: int
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         raise NotImplementedError
 
@@ -380,7 +380,7 @@ class ArraySplit(Split):
         return x, torch.from_numpy(self.labels[idx].astype(np.int64))
 
     def _batches(
-        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int
+        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int, start: int
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for indices in plan:
             yield self.batch(indices)
@@ -397,11 +397,11 @@ class SyntheticSplit(Split):
         return self.size
 
     def _batches(
-        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int
+        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int, start: int
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         s = self.spec
         split_tag = SPLITS.index(self.split)
-        for step, indices in enumerate(plan):
+        for step, indices in enumerate(plan, start):
             g = torch.Generator().manual_seed(_mix_seed(seed, split_tag, shard_index, step))
             n = len(indices)
             x = torch.randn(n, s.channels, s.image_size, s.image_size, generator=g)
@@ -420,7 +420,7 @@ class ImageFolderSplit(Split):
         return len(self.folder)
 
     def _batches(
-        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int
+        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int, start: int
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         loader = torch.utils.data.DataLoader(
             self.folder,
@@ -565,8 +565,12 @@ def iterate_batches(
     shard: tuple[int, int] | None = None,
     shuffle: bool = True,
     drop_last: bool = True,
+    start: int = 0,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Deterministic batches over `epochs` epochs: same (seed, shard) gives the same stream.
+
+    ``start`` skips that many batches of the stream without loading them (a resumed worker
+    continues where its checkpoint left off, with the same batches it would have seen).
 
     Yields CPU float32 images [B, C, H, W] and int64 labels [B]. Each epoch reshuffles with a
     generator seeded by (seed, epoch); a shard (index, count) sees samples i % count == index.
@@ -583,11 +587,15 @@ def iterate_batches(
         )
     shard_index = _check_shard(shard)[0]
 
+    if start < 0:
+        raise UsageError(f"start must be >= 0, got {start}")
+
     def plan() -> Iterator[torch.Tensor]:
-        for epoch in range(epochs):
+        for epoch in range(start // steps if steps else 0, epochs):
             order = epoch_indices(len(split), epoch, seed, shard, shuffle)
-            for step in range(steps):
+            first = start - epoch * steps if epoch * steps < start else 0
+            for step in range(first, steps):
                 yield order[step * batch_size : (step + 1) * batch_size]
 
     # A plain function returning a generator: bad arguments fail here, not at the first batch.
-    return split._batches(plan(), seed, shard_index)
+    return split._batches(plan(), seed, shard_index, start)

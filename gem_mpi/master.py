@@ -8,6 +8,7 @@ runs in a background thread on a copy of θ so that the apply loop keeps serving
 from __future__ import annotations
 
 import math
+import os
 import queue
 import sys
 import threading
@@ -15,7 +16,7 @@ import time
 
 import numpy as np
 
-from gem_mpi import gem
+from gem_mpi import checkpoint, gem
 from gem_mpi.config import Config
 from gem_mpi.metrics import MetricsWriter
 from gem_mpi.problem import Problem, load_theta
@@ -29,6 +30,7 @@ from gem_mpi.transport import (
     KIND_DONE,
     KIND_UPDATE,
     MPI,
+    SHUTDOWN_STOP,
     Backoff,
     Layout,
     MasterEndpoint,
@@ -142,21 +144,49 @@ def _say(text: str) -> None:
 
 class Master:
     def __init__(self, cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
-                 kernel: gem.Kernel) -> None:
+                 kernel: gem.Kernel, stop: object = None,
+                 resumed: tuple[str, np.ndarray, dict] | None = None) -> None:
         self.cfg = cfg
         self.layout = layout
         self.problem = problem
         self.kernel = kernel
         self.n_workers = layout.n_workers
-        self.ep = MasterEndpoint(comm, layout, problem.theta0)
+        self.stop = stop  # truthy once a stop signal arrived (train.StopFlag)
+        state = resumed[2] if resumed else {"clock": 0, "tickets": 0, "elapsed_s": 0.0,
+                                            "next_seq": np.zeros(self.n_workers, np.int64)}
+        self.start_state = state
+        self.next_seq = np.array(state["next_seq"], dtype=np.int64)
+        theta0 = resumed[1] if resumed else problem.theta0
+        self.ep = MasterEndpoint(comm, layout, theta0, version0=state["clock"],
+                                 ticket0=state["tickets"])
         self.evaluator = Evaluator(cfg, problem)
         self.metrics = None
         self._last_eval: tuple = (-1, float("nan"), float("nan"))
+        self._last_checkpoint = time.monotonic()
         if cfg.metrics:
+            rows = None
+            if resumed and os.path.exists(cfg.metrics):
+                rows = (state["rows_updates"], state["rows_eval"], state["rows_rejected"])
             self.metrics = MetricsWriter(
                 cfg.metrics, cfg.as_dict(), problem.names, problem.sizes, self.n_workers,
-                kernel.name,
+                kernel.name, resume_rows=rows,
             )
+
+    def checkpoint(self, clock: int, elapsed: float) -> str | None:
+        """Write θ and the run's position; the metrics rows on disk match it exactly."""
+        if not self.cfg.checkpoint_dir:
+            return None
+        rows = (0, 0, 0)
+        if self.metrics is not None:
+            self.metrics.flush()
+            rows = self.metrics.rows()
+        state = {"clock": clock, "tickets": self.ep.tickets(), "next_seq": self.next_seq,
+                 "rows_updates": rows[0], "rows_eval": rows[1], "rows_rejected": rows[2],
+                 "elapsed_s": elapsed, "config": self.cfg.as_dict(),
+                 "n_workers": self.n_workers}
+        path = checkpoint.save(self.cfg.checkpoint_dir, self.ep.theta, state)
+        self._last_checkpoint = time.monotonic()
+        return path
 
     def run(self) -> dict:
         cfg, ep, P = self.cfg, self.ep, self.problem.n_params
@@ -164,14 +194,21 @@ class Master:
         theta = ep.theta
         progress = Progress(cfg.log_every)
         backoff = Backoff(first=20e-6, limit=1e-3)
-        clock, done, rejected = 0, 0, 0
+        clock, done, rejected = self.start_state["clock"], 0, 0
+        stopped = False
         rejected_by: dict[int, int] = {}
         timers = dict.fromkeys(("wait", "apply", "metrics", "mpi"), 0.0)
         recent_loss, recent_stale = float("nan"), 0.0
         clock_fn = time.perf_counter
-        t0 = clock_fn()
+        t0 = clock_fn() - self.start_state["elapsed_s"]  # a resumed run's times continue
+        every = cfg.checkpoint_every if cfg.checkpoint_dir else 0.0
         try:
             while done < self.n_workers:
+                if self.stop:
+                    stopped = True
+                    break
+                if every and time.monotonic() - self._last_checkpoint >= every:
+                    self.checkpoint(clock, clock_fn() - t0)
                 self._drain_evals()
                 tm = clock_fn()
                 ready = ep.ready()
@@ -220,6 +257,7 @@ class Master:
                 timers["mpi"] += tm - ta - sum(item[5] for item in applied)
                 for _slot, ok, at_clock, staleness, stats, apply_s, t_rel, hi, hf, ticket in applied:
                     worker, seq = int(hi[H_RANK]), int(hi[H_SEQ])
+                    self.next_seq[worker - 1] = seq + 1
                     loss = float(hf[H_LOSS])
                     if not ok:
                         rejected += 1
@@ -249,6 +287,8 @@ class Master:
             progress.close()
             self.evaluator.close()
             self._drain_evals()
+            if stopped:
+                return self._stop(clock, wall, rejected)
             if self._last_eval[0] == clock:  # the periodic evaluation already saw this θ
                 test_loss, test_acc = self._last_eval[1:]
             else:
@@ -259,6 +299,7 @@ class Master:
             progress.close()
         if cfg.save:
             self._save(final_theta)
+        self.checkpoint(clock, wall)  # the end is a checkpoint too
         summary = {"updates": clock, "wall_s": wall, "test_loss": test_loss,
                    "test_accuracy": test_acc, "finished": 1.0, "rejected": rejected,
                    **{f"master_{k}_s": v for k, v in timers.items()}}
@@ -271,6 +312,18 @@ class Master:
         if cfg.verbose:
             _say("master time: " + ", ".join(f"{k} {v:.2f} s" for k, v in timers.items()))
         self.ep.shutdown()
+        return summary
+
+    def _stop(self, clock: int, wall: float, rejected: int) -> dict:
+        """End early on a signal: checkpoint, close the metrics unfinished, release workers."""
+        path = self.checkpoint(clock, wall)
+        summary = {"updates": clock, "wall_s": wall, "rejected": rejected, "finished": 0.0}
+        if self.metrics is not None:
+            self.metrics.close(summary)
+        where = (f"checkpoint {path}; continue with --resume {path} (or --resume auto)"
+                 if path else "no --checkpoint-dir, so no checkpoint was written")
+        _say(f"stopped by signal {int(self.stop.signum)} at update {clock}: {where}")
+        self.ep.shutdown(SHUTDOWN_STOP)
         return summary
 
     def _reject(self, worker: int, seq: int, ticket: int, t: float,

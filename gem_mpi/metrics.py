@@ -113,9 +113,13 @@ class MetricsWriter:
         n_workers: int,
         kernel: str,
         flush_seconds: float = 2.0,
+        resume_rows: tuple[int, int, int] | None = None,
     ) -> None:
         self.path = path
         self.flush_seconds = flush_seconds
+        if resume_rows is not None:
+            self._reopen(resume_rows)
+            return
         self._f = h5py.File(path, "w", libver="latest")
         f = self._f
         f.attrs["gem_mpi_schema"] = SCHEMA_VERSION
@@ -142,6 +146,41 @@ class MetricsWriter:
             summary.create_dataset(name, shape=(), dtype="f8", data=np.nan)
         f.swmr_mode = True
         self._last_flush = time.monotonic()
+
+    def _reopen(self, rows: tuple[int, int, int]) -> None:
+        """Continue a checkpointed run's file: cut every table back to the checkpoint's rows."""
+        from gem_mpi.errors import UsageError
+
+        try:
+            self._f = h5py.File(self.path, "r+", libver="latest")
+        except OSError as exc:
+            raise UsageError(f"--metrics {self.path!r}: cannot reopen to resume ({exc})") from None
+        f = self._f
+        if "gem_mpi_schema" not in f.attrs:
+            raise UsageError(f"--metrics {self.path!r} is not a gem_mpi metrics file")
+        tables = []
+        for name, count in zip(("updates", "eval", "rejected"), rows):
+            group = f[name]
+            columns = [(k, group[k].dtype, group[k].shape[1:]) for k in group]
+            table = _Table.__new__(_Table)
+            table.group, table.columns, table.rows, table.written = group, columns, {}, count
+            for k, _, _ in columns:
+                if group[k].shape[0] < count:
+                    raise UsageError(f"--metrics {self.path!r} holds fewer rows than the "
+                                     "checkpoint: not the file of this run")
+                group[k].resize(count, axis=0)
+                table.rows[k] = []
+            tables.append(table)
+        self.updates, self.evals, self.rejected = tables
+        for name in SUMMARY_FIELDS:
+            f["summary"][name][()] = np.nan
+        f.attrs["resumes"] = int(f.attrs.get("resumes", 0)) + 1
+        f.swmr_mode = True
+        self._last_flush = time.monotonic()
+
+    def rows(self) -> tuple[int, int, int]:
+        """Rows on disk per table (call after flush)."""
+        return self.updates.written, self.evals.written, self.rejected.written
 
     def add_update(self, row: dict) -> None:
         self.updates.append(row)

@@ -17,6 +17,7 @@ from gem_mpi.transport import MASTER, MPI, Layout, soft_barrier
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
+EXIT_STOPPED = 3  # stopped early by a signal, after a checkpoint: resume to finish
 
 
 def _say(text: str) -> None:
@@ -59,19 +60,57 @@ def main(argv: list[str] | None = None) -> int:
     return run(cfg, comm)
 
 
+class StopFlag:
+    """Set by SIGUSR1 or SIGTERM: the master checkpoints and ends the run early, cleanly.
+
+    mpirun forwards SIGUSR1 to every rank and keeps the job alive; SIGTERM sent to mpirun
+    kills the ranks within about a second, so use SIGUSR1 with mpirun (Slurm:
+    ``--signal=B:USR1@120`` and forward it) and SIGTERM where it reaches the ranks directly
+    (srun). Workers only note the signal: the master decides and tells them.
+    """
+
+    def __init__(self) -> None:
+        self.signum = 0
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.signum = signum
+
+    def __bool__(self) -> bool:
+        return self.signum != 0
+
+
 def run(cfg: config.Config, comm: MPI.Intracomm) -> int:
-    from gem_mpi import gem
+    import signal
+
+    from gem_mpi import checkpoint, gem
     from gem_mpi.problem import build_problem
     from gem_mpi.worker import local_placement
 
+    stop = StopFlag()
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, stop)
     rank = comm.Get_rank()
     placement = local_placement(comm)  # collective: every rank, before the windows
     problem = build_problem(cfg, with_theta0=rank == MASTER)
+    n_workers = comm.Get_size() - 1
     layout = Layout(
-        n_workers=comm.Get_size() - 1,
+        n_workers=n_workers,
         n_params=problem.n_params,
         payload_floats=gem.payload_floats(cfg.method, problem.n_params),
     )
+    resumed = None
+    if rank == MASTER and cfg.resume:
+        path = checkpoint.resolve(cfg.resume, cfg.checkpoint_dir)
+        if path is None:
+            _say(f"--resume auto: no checkpoint in {cfg.checkpoint_dir} yet, starting afresh")
+        else:
+            theta, state = checkpoint.load(path)
+            checkpoint.check_compatible(state, theta, cfg.as_dict(), n_workers,
+                                        problem.n_params, path)
+            resumed = (path, theta, state)
+    soft_barrier(comm)
+    start_seqs = comm.bcast(None if resumed is None else resumed[2]["next_seq"].tolist(),
+                            root=MASTER)
     if rank == MASTER:
         from gem_mpi.master import Master
 
@@ -80,12 +119,14 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> int:
         _say(
             f"{cfg.method} on {cfg.model}/{cfg.dataset}: 1 master + {layout.n_workers} workers, "
             f"{problem.n_params} parameters, master kernel: {kernel.name}"
+            + (f"; resuming {resumed[0]} at update {resumed[2]['clock']}" if resumed else "")
         )
-        Master(cfg, comm, layout, problem, kernel).run()
-    else:
-        from gem_mpi.worker import run_worker
+        summary = Master(cfg, comm, layout, problem, kernel, stop, resumed).run()
+        return EXIT_STOPPED if not summary["finished"] else 0
+    from gem_mpi.worker import run_worker
 
-        run_worker(cfg, comm, layout, problem, placement)
+    run_worker(cfg, comm, layout, problem, placement,
+               start_seq=0 if start_seqs is None else start_seqs[rank - 1])
     return 0
 
 

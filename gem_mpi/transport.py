@@ -56,6 +56,7 @@ H_LOSS, H_COMPUTE_S = 5, 6
 
 SHUTDOWN_OK = 1
 SHUTDOWN_ABORT = 2
+SHUTDOWN_STOP = 3  # stopped early (signal): workers leave without their DONE message
 
 
 class Backoff:
@@ -136,11 +137,13 @@ class _Windows:
 class MasterEndpoint:
     """Rank 0's view: local numpy views of its own windows, no MPI calls on the data path."""
 
-    def __init__(self, comm: MPI.Intracomm, layout: Layout, theta0: np.ndarray) -> None:
+    def __init__(self, comm: MPI.Intracomm, layout: Layout, theta0: np.ndarray,
+                 version0: int = 0, ticket0: int = 0) -> None:
         self.layout = layout
         self._w = _Windows(comm, layout)
         ctrl_mem = np.frombuffer(self._w.ctrl.tomemory(), dtype=np.int64)
         ctrl_mem[:] = 0
+        ctrl_mem[CTRL_TICKET] = ticket0  # a resumed run continues the ticket sequence
         self.flags = ctrl_mem[CTRL_FLAGS:]
         self._snap = np.zeros_like(self.flags)
         self._ctrl = ctrl_mem
@@ -148,6 +151,7 @@ class MasterEndpoint:
         self._param_header = pmem[:HEADER_BYTES].view(np.int64)
         self.theta = pmem[HEADER_BYTES:].view(np.float32)
         self._param_header[:] = 0
+        self._param_header[0] = version0
         self.theta[:] = theta0
         imem = np.frombuffer(self._w.inbox.tomemory(), dtype=np.uint8)
         slots = imem.reshape(layout.n_workers, layout.slot_bytes)
@@ -164,6 +168,11 @@ class MasterEndpoint:
     @property
     def version(self) -> int:
         return int(self._param_header[0])
+
+    def tickets(self) -> int:
+        """Tickets drawn so far (the counter's value)."""
+        self._w.ctrl.Sync()
+        return int(self._ctrl[CTRL_TICKET])
 
     def ready(self) -> np.ndarray:
         """Workers (0-based slot indices) with a message waiting, lowest ticket first."""
@@ -240,18 +249,24 @@ class WorkerEndpoint:
         self._w.ctrl.Flush(MASTER)
         return int(self._result[0])
 
-    def wait_slot_free(self) -> float:
-        """Block (backing off) until the master consumed our previous message; returns seconds."""
+    def wait_slot_free(self) -> bool:
+        """Block (backing off) until the master consumed our previous message.
+
+        Returns False instead when the master has stopped the run (it will not consume it).
+        """
         if not self._pending:
-            return 0.0
-        t0 = time.perf_counter()
+            return self.stop_code() == 0
         self._backoff.reset()
         while self._ctrl_read(self._flag_disp) != 0:
-            if self._ctrl_read(CTRL_SHUTDOWN) == SHUTDOWN_ABORT:
-                raise RuntimeError("the master stopped the run while this worker waited")
+            if self.stop_code():
+                return False
             self._backoff.wait()
         self._pending = False
-        return time.perf_counter() - t0
+        return self.stop_code() == 0
+
+    def stop_code(self) -> int:
+        """The master's shutdown code: 0 while the run goes on."""
+        return self._ctrl_read(CTRL_SHUTDOWN)
 
     def commit(
         self,
@@ -263,7 +278,8 @@ class WorkerEndpoint:
         parts: tuple[np.ndarray, ...] = (),
     ) -> int:
         """Deposit one message in our slot and publish it with a fresh ticket; returns it."""
-        self.wait_slot_free()
+        if self._pending and not self.wait_slot_free():
+            raise RuntimeError("commit after the master stopped the run")
         h = self._header
         h[H_RANK], h[H_SEQ], h[H_VERSION], h[H_KIND] = self.rank, seq, version, kind
         h[H_NFLOATS] = sum(p.size for p in parts)
@@ -292,7 +308,7 @@ class WorkerEndpoint:
         """After our last message: wait, without spinning, for the master's word to leave."""
         backoff = Backoff(limit=max(self._backoff.limit, 50e-3))  # latency matters little here
         while True:
-            code = self._ctrl_read(CTRL_SHUTDOWN)
+            code = self.stop_code()
             if code:
                 return code
             backoff.wait()

@@ -56,7 +56,7 @@ class _TorchSteps:
     """Δθ of a torch model on this worker's data stream, on its GPU or the CPU."""
 
     def __init__(self, cfg: Config, problem: Problem, rank: int, n_workers: int,
-                 local_rank: int, local_size: int) -> None:
+                 local_rank: int, local_size: int, start_seq: int = 0) -> None:
         import torch
         import torch.nn.functional as F
 
@@ -88,7 +88,8 @@ class _TorchSteps:
         if cfg.max_steps:
             self.steps = min(self.steps, cfg.max_steps)
         self.batches = iterate_batches(split, cfg.batch_size, cfg.epochs,
-                                       seed=cfg.seed * 100_003 + rank, shard=shard)
+                                       seed=cfg.seed * 100_003 + rank, shard=shard,
+                                       start=start_seq)
         self.lr = cfg.lr
 
     def __call__(self, theta: np.ndarray) -> tuple[np.ndarray, float]:
@@ -123,22 +124,29 @@ class _TorchSteps:
 
 
 def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
-               placement: tuple[int, int]) -> None:
+               placement: tuple[int, int], start_seq: int = 0) -> None:
+    """Train until the data budget is used (or the master stops the run early).
+
+    ``start_seq`` > 0 resumes from a checkpoint: the first ``start_seq`` updates of this
+    worker were applied before it, so its data stream continues after them.
+    """
     rank = comm.Get_rank()
     local_rank, local_size = placement
     if problem.quadratic is not None:
         steps_fn = _QuadraticSteps(cfg, problem, rank)
     else:
-        steps_fn = _TorchSteps(cfg, problem, rank, layout.n_workers, local_rank, local_size)
+        steps_fn = _TorchSteps(cfg, problem, rank, layout.n_workers, local_rank, local_size,
+                               start_seq)
     ep = WorkerEndpoint(comm, layout, poll_limit=cfg.poll_max_ms / 1000.0)
     is_gem = cfg.method == "gem"
     state = steps_fn.momentum() if is_gem else None
     if cfg.verbose:
-        print(f"gem_mpi: worker {rank}: {steps_fn.steps} steps on {steps_fn.device}",
-              file=sys.stderr, flush=True)
+        print(f"gem_mpi: worker {rank}: steps {start_seq}..{steps_fn.steps} on "
+              f"{steps_fn.device}", file=sys.stderr, flush=True)
     version = ep.pull()
-    waited = 0.0
-    for seq in range(steps_fn.steps):
+    t_wait = 0.0
+    stopped = False
+    for seq in range(start_seq, steps_fn.steps):
         t0 = time.perf_counter()
         delta, loss = steps_fn(ep.theta)
         if is_gem:
@@ -148,11 +156,16 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
             parts = (delta,)
         compute_s = time.perf_counter() - t0
         ep.commit(KIND_UPDATE, seq, version, loss, compute_s, parts)
-        waited += ep.wait_slot_free()
+        tw = time.perf_counter()
+        if not ep.wait_slot_free():
+            stopped = True
+            break
+        t_wait += time.perf_counter() - tw
         version = ep.pull()
         if cfg.verbose and (seq + 1) % 100 == 0:
             print(f"gem_mpi: worker {rank}: step {seq + 1}/{steps_fn.steps} loss {loss:.4f} "
-                  f"waited {waited:.1f} s", file=sys.stderr, flush=True)
-    ep.commit(KIND_DONE, steps_fn.steps, version)
+                  f"waited {t_wait:.1f} s", file=sys.stderr, flush=True)
+    if not stopped:
+        ep.commit(KIND_DONE, steps_fn.steps, version)
     ep.wait_shutdown()
     ep.close()

@@ -376,3 +376,15 @@ def test_imagenet_folder_tree(tmp_path: Path) -> None:
     (tmp_path / "val" / "n03").mkdir()
     with pytest.raises(DataError, match="class folders"):
         data.check_dataset("imagenet", str(tmp_path))
+
+
+def test_start_skips_batches_exactly():
+    """A resumed worker sees the batches it would have seen: the stream's tail."""
+    for name, size in (("fashion-mnist", None), ("synthetic", 2000)):
+        split = data.load_split(name, None, "train", "mnist-cnn", synthetic_size=size)
+        full = list(data.iterate_batches(split, 64, 2, seed=3, shard=(1, 3)))
+        for start in (0, 1, 5, len(full) // 2, len(full) - 1, len(full)):
+            tail = list(data.iterate_batches(split, 64, 2, seed=3, shard=(1, 3), start=start))
+            assert len(tail) == len(full) - start
+            for (x, y), (x2, y2) in zip(tail, full[start:]):
+                assert torch.equal(x, x2) and torch.equal(y, y2)

@@ -113,8 +113,9 @@ def _stop(proc: subprocess.Popen, grace: float = 0) -> str:
 
 @pytest.fixture(scope="module")
 def crashed(tmp_path_factory) -> Path:
-    """A run killed half-way: mpirun gets SIGTERM once the master has flushed some rows,
-    so the master dies without writing its summary (and before any evaluation)."""
+    """A run killed half-way: SIGKILL to the whole job once the master has flushed some rows,
+    so the master dies without writing its summary (and before any evaluation). (SIGTERM or
+    SIGUSR1 would now stop it cleanly, with a summary that says unfinished.)"""
     path = tmp_path_factory.mktemp("crash") / "crashed.h5"
     proc = train_background(4, *QUAD, "--quadratic-dim", "20000", "--max-steps", "1000000",
                             "--eval-every", "0", "--metrics", str(path))
@@ -128,6 +129,8 @@ def crashed(tmp_path_factory) -> Path:
             except RunFileError:
                 pass  # not created yet, or SWMR not switched on yet
         ended_alone = proc.poll() is not None
+        if not ended_alone:
+            os.killpg(proc.pid, signal.SIGKILL)
     finally:
         err = _stop(proc)
     assert rows > 0 and not ended_alone, f"rows {rows}, ended alone {ended_alone}: {err}"

@@ -45,25 +45,36 @@ def _check_log(run: dict) -> dict:
     return u
 
 
+def replay_fixed(u: dict, dim: int, lr: float, method: str) -> tuple[np.ndarray, list]:
+    """Replay a DOWNPOUR/adaptive quadratic run from its log: (final θ, losses at the pulls).
+
+    Keeps only the recent versions of θ a pull can still refer to, so long runs fit.
+    """
+    q = Quadratic(dim, 0)
+    targets = {w: q.target(w) for w in set(u["worker"].tolist())}
+    versions = {0: q.theta0()}
+    theta = q.theta0()
+    losses = []
+    for clock, (w, pulled, tau) in enumerate(zip(u["worker"], u["version_pulled"],
+                                                 u["staleness"])):
+        s = versions[pulled]  # the θ this worker pulled: exact version label
+        losses.append(0.5 * float(np.dot(q.h * (s - targets[w]), s - targets[w])))
+        delta = np.float32(-lr) * (q.h * (s - targets[w]))
+        scale = 1.0 / (tau + 1.0) if method == "adaptive" else 1.0
+        theta = theta + np.float32(scale) * delta
+        versions[clock + 1] = theta
+        versions.pop(clock - 1000, None)
+    return theta, losses
+
+
 @pytest.mark.parametrize("method", ["downpour", "adaptive"])
 def test_final_theta_is_theta0_plus_the_applied_updates(tmp_path, method):
     run, theta_final = _run(tmp_path, method)
     u = _check_log(run)
-    q = Quadratic(DIM, 0)
-    targets = {w: q.target(w) for w in range(1, WORKERS + 1)}
-    versions = [q.theta0()]
-    theta = q.theta0()
-    for w, pulled, tau in zip(u["worker"], u["version_pulled"], u["staleness"]):
-        s = versions[pulled]  # the θ this worker pulled: exact version label
-        delta = np.float32(-LR) * (q.h * (s - targets[w]))
-        scale = 1.0 / (tau + 1.0) if method == "adaptive" else 1.0
-        theta = theta + np.float32(scale) * delta
-        versions.append(theta)
+    theta, losses = replay_fixed(u, DIM, LR, method)
     # bit for bit in float32: same operations in the same order
     assert np.array_equal(theta_final, theta)
     # the worker losses the master logged are those of the replayed pulls
-    losses = [0.5 * float(np.dot(q.h * (versions[p] - targets[w]), versions[p] - targets[w]))
-              for w, p in zip(u["worker"], u["version_pulled"])]
     np.testing.assert_allclose(u["loss"], losses, rtol=1e-5)
 
 

@@ -1,0 +1,117 @@
+"""Checkpoints of the master's state, so a stopped or crashed job loses minutes, not hours.
+
+A checkpoint is an HDF5 file (no pickle): the central parameters θ, the master clock and
+ticket counter, each worker's next update number (its place in its data budget), how many
+rows the metrics file held, the seconds already trained, and the run's configuration.
+It is written to a temporary file, flushed and fsync'ed, then renamed over; the previous
+checkpoint is deleted only after that, so a valid one exists at every moment.
+
+What a resume does not restore: a GEM worker's momentum m restarts at 0 (it lives on the
+worker), and the updates applied after the checkpoint are done again.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+import h5py
+import numpy as np
+
+from gem_mpi.errors import UsageError
+
+FORMAT = 1
+NAME = "checkpoint_{clock:012d}.h5"
+_PATTERN = re.compile(r"checkpoint_(\d{12})\.h5$")
+# configuration fields a resumed run must share with the checkpoint
+MUST_MATCH = ("method", "model", "dataset", "quadratic_dim", "batch_size", "epochs",
+              "max_steps", "shard", "seed", "synthetic_size")
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(directory: str, theta: np.ndarray, state: dict) -> str:
+    """Write a checkpoint atomically and drop the older ones; returns its path."""
+    final = os.path.join(directory, NAME.format(clock=int(state["clock"])))
+    tmp = final + ".tmp"
+    with h5py.File(tmp, "w") as f:
+        f.attrs["gem_mpi_checkpoint"] = FORMAT
+        f.create_dataset("theta", data=theta)
+        f.create_dataset("next_seq", data=np.asarray(state["next_seq"], dtype=np.int64))
+        for key in ("clock", "tickets", "rows_updates", "rows_eval", "rows_rejected"):
+            f.attrs[key] = int(state[key])
+        f.attrs["elapsed_s"] = float(state["elapsed_s"])
+        f.attrs["config"] = json.dumps(state["config"], sort_keys=True)
+        f.attrs["n_workers"] = int(state["n_workers"])
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+    _fsync_dir(directory)
+    for old in glob.glob(os.path.join(directory, "checkpoint_*.h5")):
+        if old != final and _PATTERN.search(old):
+            os.remove(old)
+    return final
+
+
+def latest(directory: str) -> str | None:
+    """The newest complete checkpoint in a directory (temporary files never count)."""
+    found = [p for p in glob.glob(os.path.join(directory, "checkpoint_*.h5"))
+             if _PATTERN.search(p)]
+    return max(found, key=lambda p: int(_PATTERN.search(p).group(1))) if found else None
+
+
+def load(path: str) -> tuple[np.ndarray, dict]:
+    """θ and the state dict of a checkpoint; UsageError if it is not a readable one."""
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("gem_mpi_checkpoint") != FORMAT:
+                raise UsageError(f"--resume {path!r} is not a gem_mpi checkpoint")
+            theta = f["theta"][()]
+            state = {k: int(f.attrs[k]) for k in ("clock", "tickets", "rows_updates",
+                                                  "rows_eval", "rows_rejected", "n_workers")}
+            state["elapsed_s"] = float(f.attrs["elapsed_s"])
+            state["config"] = json.loads(f.attrs["config"])
+            state["next_seq"] = f["next_seq"][()]
+    except (OSError, KeyError, ValueError) as exc:
+        raise UsageError(f"--resume {path!r}: not a readable checkpoint ({exc})") from None
+    if theta.dtype != np.float32 or theta.ndim != 1:
+        raise UsageError(f"--resume {path!r}: θ has dtype {theta.dtype}, shape {theta.shape}")
+    return theta, state
+
+
+def check_compatible(state: dict, theta: np.ndarray, config: dict, n_workers: int,
+                     n_params: int, path: str) -> None:
+    """A checkpoint of another model, size or setting cannot be continued: say which."""
+    if theta.size != n_params:
+        raise UsageError(f"--resume {path!r} holds {theta.size} parameters, this model has "
+                         f"{n_params}")
+    if state["n_workers"] != n_workers:
+        raise UsageError(f"--resume {path!r} was written by a run of {state['n_workers']} "
+                         f"workers, this one has {n_workers}")
+    for key in MUST_MATCH:
+        if state["config"].get(key) != config.get(key):
+            raise UsageError(f"--resume {path!r}: --{key.replace('_', '-')} was "
+                             f"{state['config'].get(key)!r}, now {config.get(key)!r}")
+
+
+def resolve(resume: str, directory: str | None) -> str | None:
+    """The checkpoint a --resume value names: a path, or 'auto' for the newest in the
+    checkpoint directory, None when there is none yet (a requeued job's first start)."""
+    if resume != "auto":
+        if not os.path.isfile(resume):
+            raise UsageError(f"--resume {resume!r}: no such file")
+        return resume
+    if not directory:
+        raise UsageError("--resume auto needs --checkpoint-dir")
+    return latest(directory)

@@ -1,0 +1,129 @@
+"""Checkpoint, stop and resume under real mpirun: nothing lost, nothing applied twice.
+
+DOWNPOUR on the quadratic is replayable from the HDF5 log, so after a stop (SIGUSR1) or a
+crash (SIGKILL of a worker) and a resume, the final θ must equal the replay of the log of
+the whole run, bit for bit, and every worker update must appear in it exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from conftest import train, train_background
+from test_train_invariants import replay_fixed
+
+from gem_mpi.metrics import read_run
+
+DIM, STEPS, WORKERS, LR = 2000, 15000, 4, 0.05
+
+
+def _args(tmp: Path, *extra: str) -> list[str]:
+    return ["--model", "quadratic", "--dataset", "synthetic", "--method", "downpour",
+            "--quadratic-dim", str(DIM), "--max-steps", str(STEPS), "--lr", str(LR),
+            "--metrics", str(tmp / "run.h5"), "--save", str(tmp / "theta.npy"),
+            "--checkpoint-dir", str(tmp), "--checkpoint-every", "0.3", "--eval-every", "0",
+            *extra]
+
+
+def _wait_for_checkpoint(proc: subprocess.Popen, tmp: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not list(tmp.glob("checkpoint_*.h5")):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.1)
+
+
+def _ranks(proc: subprocess.Popen) -> dict[int, int]:
+    """MPI rank -> pid of the ranks mpirun started (read from their environment)."""
+    out = {}
+    for pid in map(int, subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                       text=True, check=False).stdout.split()):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                out[int(item.split(b"=")[1])] = pid
+    return out
+
+
+def _check_whole_run(tmp: Path) -> None:
+    run = read_run(str(tmp / "run.h5"))
+    u = run["updates"]
+    assert run["summary"]["finished"] == 1.0
+    assert run["attrs"]["resumes"] >= 1
+    pairs = Counter(zip(u["worker"].tolist(), u["seq"].tolist()))
+    assert set(pairs) == {(w, s) for w in range(1, WORKERS + 1) for s in range(STEPS)}
+    assert max(pairs.values()) == 1  # nothing applied twice, nothing missing
+    assert u["clock"].tolist() == list(range(WORKERS * STEPS))
+    assert np.all(np.diff(u["time"]) >= 0)  # the clock and the times continue
+    theta, _ = replay_fixed(u, DIM, LR, "downpour")
+    assert np.array_equal(np.load(tmp / "theta.npy"), theta)
+
+
+def test_stop_signal_checkpoints_and_resume_finishes_exactly(tmp_path):
+    proc = train_background(WORKERS + 1, *_args(tmp_path))
+    try:
+        _wait_for_checkpoint(proc, tmp_path)
+        proc.send_signal(signal.SIGUSR1)  # what Slurm's --signal=B:USR1 forwards
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 3, err
+    assert err.count("stopped by signal 10 at update") == 1
+    assert "Traceback" not in err
+    stopped = read_run(str(tmp_path / "run.h5"))
+    assert stopped["summary"]["finished"] == 0.0  # readable, and says it is unfinished
+    assert 0 < stopped["summary"]["updates"] < WORKERS * STEPS
+    ckpts = list(tmp_path.glob("checkpoint_*.h5"))
+    assert len(ckpts) == 1 and not list(tmp_path.glob("*.tmp"))
+    res = train(WORKERS + 1, *_args(tmp_path, "--resume", "auto"), timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "resuming" in res.stderr
+    _check_whole_run(tmp_path)
+
+
+def test_killed_worker_ends_the_job_and_resume_recovers(tmp_path):
+    proc = train_background(WORKERS + 1, *_args(tmp_path))
+    try:
+        _wait_for_checkpoint(proc, tmp_path)
+        ranks = _ranks(proc)
+        assert set(ranks) == set(range(WORKERS + 1))
+        t0 = time.monotonic()
+        os.kill(ranks[2], signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)  # the job must end, not hang
+        ended = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert ended < 30
+    assert "rank 2" in err  # mpirun names the rank that died
+    res = train(WORKERS + 1, *_args(tmp_path, "--resume", "auto"), timeout=300)
+    assert res.returncode == 0, res.stderr
+    _check_whole_run(tmp_path)
+
+
+def test_incompatible_or_corrupt_checkpoint_is_one_line(tmp_path):
+    res = train(WORKERS + 1, *_args(tmp_path, "--max-steps", "200"), timeout=120)
+    assert res.returncode == 0, res.stderr
+    ckpt = next(tmp_path.glob("checkpoint_*.h5"))
+    other = train(WORKERS + 1, *_args(tmp_path, "--quadratic-dim", "3000", "--resume",
+                                      str(ckpt)), timeout=120)
+    assert other.returncode != 0
+    assert other.stderr.count("holds 2000 parameters, this model has 3000") == 1
+    assert "Traceback" not in other.stderr
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(b"not hdf5 at all" * 10)
+    res = train(WORKERS + 1, *_args(tmp_path, "--resume", str(bad)), timeout=120)
+    assert res.returncode != 0
+    assert res.stderr.count("not a readable checkpoint") == 1
+    assert "Traceback" not in res.stderr
