@@ -46,6 +46,9 @@ class Config:
     log_every: float = 10.0
     verbose: bool = False
     no_extension: bool = False
+    straggler: str | None = None
+    stop_on_divergence: bool = True
+    divergence_factor: float = 1000.0
     checkpoint_dir: str | None = None
     checkpoint_every: float = 300.0
     resume: str | None = None
@@ -112,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--verbose", action="store_true", help="workers report their own progress too")
     a("--no-extension", action="store_true", help="use the numpy reference at the master "
       "even when the C++ extension is built")
+    a("--straggler", default=d.straggler, metavar="RANK:FACTOR", help="make one worker "
+      "FACTOR times slower (it sleeps after each step): to see what asynchrony buys")
+    a("--no-stop-on-divergence", dest="stop_on_divergence", action="store_false",
+      help="keep going when the run diverges")
+    a("--divergence-factor", type=float, default=d.divergence_factor, help="the run has "
+      "diverged when the smoothed worker loss exceeds this many times its lowest value so "
+      "far, or turns NaN/Inf, or θ does")
     a("--checkpoint-dir", default=d.checkpoint_dir, help="the master writes checkpoints "
       "here (HDF5, atomically; the newest is kept)")
     a("--checkpoint-every", type=float, default=d.checkpoint_every, help="seconds between "
@@ -129,6 +139,22 @@ def parse(argv: list[str]) -> tuple[Config | None, str | None]:
         return None, parser.format_help()
     fields = {f.name for f in dataclasses.fields(Config)}
     return Config(**{k: v for k, v in vars(ns).items() if k in fields}), None
+
+
+def straggler(cfg: Config, world_size: int) -> tuple[int, float] | None:
+    """(rank, factor) of --straggler RANK:FACTOR, or None."""
+    if cfg.straggler is None:
+        return None
+    try:
+        rank_text, factor_text = cfg.straggler.split(":")
+        rank, factor = int(rank_text), float(factor_text)
+    except ValueError:
+        raise UsageError(f"--straggler wants RANK:FACTOR, e.g. 2:5, got {cfg.straggler!r}")
+    if not 1 <= rank < world_size:
+        raise UsageError(f"--straggler rank must be a worker, 1..{world_size - 1}, got {rank}")
+    if not factor >= 1:
+        raise UsageError(f"--straggler factor must be >= 1, got {factor}")
+    return rank, factor
 
 
 def _writable_target(path: str, what: str) -> None:
@@ -172,6 +198,8 @@ def validate(cfg: Config, world_size: int) -> None:
         (cfg.threads >= 0, f"--threads must be >= 0, got {cfg.threads}"),
         (cfg.poll_max_ms > 0, f"--poll-max-ms must be > 0, got {cfg.poll_max_ms}"),
         (cfg.log_every > 0, f"--log-every must be > 0, got {cfg.log_every}"),
+        (cfg.divergence_factor > 1,
+         f"--divergence-factor must be > 1, got {cfg.divergence_factor}"),
         (cfg.checkpoint_every >= 0,
          f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
     ]
@@ -184,6 +212,8 @@ def validate(cfg: Config, world_size: int) -> None:
             raise UsageError(f"--metrics {cfg.metrics!r} is a directory")
     if cfg.save:
         _writable_target(cfg.save, "--save")
+    if cfg.straggler is not None:
+        straggler(cfg, world_size)
     if cfg.checkpoint_dir:
         if not os.path.isdir(cfg.checkpoint_dir):
             raise UsageError(f"--checkpoint-dir {cfg.checkpoint_dir!r} does not exist")

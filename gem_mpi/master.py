@@ -196,6 +196,8 @@ class Master:
         backoff = Backoff(first=20e-6, limit=1e-3)
         clock, done, rejected = self.start_state["clock"], 0, 0
         stopped = False
+        diverged: str | None = None
+        self._lowest_loss = math.inf
         rejected_by: dict[int, int] = {}
         timers = dict.fromkeys(("wait", "apply", "metrics", "mpi"), 0.0)
         recent_loss, recent_stale = float("nan"), 0.0
@@ -204,7 +206,7 @@ class Master:
         every = cfg.checkpoint_every if cfg.checkpoint_dir else 0.0
         try:
             while done < self.n_workers:
-                if self.stop:
+                if self.stop or (diverged and cfg.stop_on_divergence):
                     stopped = True
                     break
                 if every and time.monotonic() - self._last_checkpoint >= every:
@@ -278,6 +280,8 @@ class Master:
                     recent_loss = loss if math.isnan(recent_loss) else (
                         0.95 * recent_loss + 0.05 * loss)
                     recent_stale = 0.95 * recent_stale + 0.05 * staleness
+                    if diverged is None:
+                        diverged = self._divergence(recent_loss, at_clock)
                     if cfg.eval_every and (at_clock + 1) % cfg.eval_every == 0:
                         self.evaluator.submit(theta, clock, clock_fn() - t0)
                 timers["metrics"] += clock_fn() - tm
@@ -288,7 +292,7 @@ class Master:
             self.evaluator.close()
             self._drain_evals()
             if stopped:
-                return self._stop(clock, wall, rejected)
+                return self._stop(clock, wall, rejected, diverged)
             if self._last_eval[0] == clock:  # the periodic evaluation already saw this θ
                 test_loss, test_acc = self._last_eval[1:]
             else:
@@ -302,6 +306,7 @@ class Master:
         self.checkpoint(clock, wall)  # the end is a checkpoint too
         summary = {"updates": clock, "wall_s": wall, "test_loss": test_loss,
                    "test_accuracy": test_acc, "finished": 1.0, "rejected": rejected,
+                   "diverged": 0.0,
                    **{f"master_{k}_s": v for k, v in timers.items()}}
         if self.metrics is not None:
             self.metrics.close(summary)
@@ -314,17 +319,44 @@ class Master:
         self.ep.shutdown()
         return summary
 
-    def _stop(self, clock: int, wall: float, rejected: int) -> dict:
-        """End early on a signal: checkpoint, close the metrics unfinished, release workers."""
-        path = self.checkpoint(clock, wall)
-        summary = {"updates": clock, "wall_s": wall, "rejected": rejected, "finished": 0.0}
+    def _stop(self, clock: int, wall: float, rejected: int, diverged: str | None) -> dict:
+        """End early: checkpoint (unless diverged), close the metrics unfinished, release
+        the workers."""
+        summary = {"updates": clock, "wall_s": wall, "rejected": rejected, "finished": 0.0,
+                   "diverged": 1.0 if diverged else 0.0}
+        if diverged:
+            # the newest checkpoint on disk is the last good state: keep it, write none
+            last = checkpoint.latest(self.cfg.checkpoint_dir) if self.cfg.checkpoint_dir else None
+            where = f"the last good state is {last}" if last else "no checkpoint was written"
+            _say(f"stopped: the run diverged at update {clock} ({diverged}); {where}. "
+                 "Lower --lr (or --kappa), or pass --no-stop-on-divergence")
+        else:
+            path = self.checkpoint(clock, wall)
+            where = (f"checkpoint {path}; continue with --resume {path} (or --resume auto)"
+                     if path else "no --checkpoint-dir, so no checkpoint was written")
+            _say(f"stopped by signal {int(self.stop.signum)} at update {clock}: {where}")
         if self.metrics is not None:
             self.metrics.close(summary)
-        where = (f"checkpoint {path}; continue with --resume {path} (or --resume auto)"
-                 if path else "no --checkpoint-dir, so no checkpoint was written")
-        _say(f"stopped by signal {int(self.stop.signum)} at update {clock}: {where}")
         self.ep.shutdown(SHUTDOWN_STOP)
         return summary
+
+    def _divergence(self, recent_loss: float, clock: int) -> str | None:
+        """Why the run has diverged, or None: the smoothed worker loss turned NaN/Inf or
+        rose --divergence-factor times above its lowest value, or θ is no longer finite
+        (checked every 100 updates: one pass over θ)."""
+        if not math.isfinite(recent_loss):
+            return f"the workers' loss is {recent_loss}"
+        self._lowest_loss = min(self._lowest_loss, recent_loss)
+        factor = self.cfg.divergence_factor
+        if self._lowest_loss > 0 and recent_loss > factor * self._lowest_loss:
+            return (f"the smoothed worker loss {recent_loss:.4g} is over {factor:g} times its "
+                    f"lowest, {self._lowest_loss:.4g}")
+        if clock % 100 == 0:
+            with np.errstate(over="ignore", invalid="ignore"):
+                norm = float(np.dot(self.ep.theta, self.ep.theta))
+            if not math.isfinite(norm):
+                return "θ holds values that are not finite"
+        return None
 
     def _reject(self, worker: int, seq: int, ticket: int, t: float,
                 rejected_by: dict[int, int]) -> None:

@@ -39,6 +39,7 @@ GEM_COLUMNS = [
 EVAL_COLUMNS = [("time", "f8"), ("clock", "f8"), ("test_loss", "f8"), ("test_accuracy", "f8")]
 REJECTED_COLUMNS = [("time", "f8"), ("worker", "i4"), ("seq", "i8"), ("ticket", "i8")]
 SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished", "rejected",
+                  "diverged",
                   "master_wait_s", "master_apply_s", "master_metrics_s", "master_mpi_s"]
 
 

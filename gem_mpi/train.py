@@ -18,6 +18,7 @@ from gem_mpi.transport import MASTER, MPI, Layout, soft_barrier
 EXIT_USAGE = 2
 EXIT_ERROR = 1
 EXIT_STOPPED = 3  # stopped early by a signal, after a checkpoint: resume to finish
+EXIT_DIVERGED = 4  # stopped because the run diverged (--stop-on-divergence)
 
 
 def _say(text: str) -> None:
@@ -122,6 +123,8 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> int:
             + (f"; resuming {resumed[0]} at update {resumed[2]['clock']}" if resumed else "")
         )
         summary = Master(cfg, comm, layout, problem, kernel, stop, resumed).run()
+        if summary.get("diverged"):
+            return EXIT_DIVERGED
         return EXIT_STOPPED if not summary["finished"] else 0
     from gem_mpi.worker import run_worker
 

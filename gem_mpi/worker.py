@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from gem_mpi.config import Config
+from gem_mpi.config import Config, straggler
 from gem_mpi.problem import Problem
 from gem_mpi.transport import KIND_DONE, KIND_UPDATE, MPI, Layout, WorkerEndpoint
 
@@ -143,6 +143,8 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
     if cfg.verbose:
         print(f"gem_mpi: worker {rank}: steps {start_seq}..{steps_fn.steps} on "
               f"{steps_fn.device}", file=sys.stderr, flush=True)
+    slow = straggler(cfg, comm.Get_size())
+    slow_factor = slow[1] if slow and slow[0] == rank else 1.0
     version = ep.pull()
     t_wait = 0.0
     stopped = False
@@ -155,6 +157,9 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
         else:
             parts = (delta,)
         compute_s = time.perf_counter() - t0
+        if slow_factor > 1.0:  # --straggler: this worker takes FACTOR times as long
+            time.sleep((slow_factor - 1.0) * compute_s)
+            compute_s *= slow_factor
         ep.commit(KIND_UPDATE, seq, version, loss, compute_s, parts)
         tw = time.perf_counter()
         if not ep.wait_slot_free():
