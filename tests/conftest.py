@@ -37,12 +37,30 @@ def train(n: int, *args: str, timeout: float = 300) -> subprocess.CompletedProce
     return mpirun(n, ["-m", "gem_mpi.train", *args], timeout=timeout)
 
 
-def train_background(n: int, *args: str) -> subprocess.Popen:
+def train_background(n: int, *args: str, env: dict[str, str] | None = None
+                     ) -> subprocess.Popen:
     """Start a training job and return at once (in its own session; stdout discarded,
     stderr piped): for tests that watch or kill a run while it trains. The caller ends it."""
-    return subprocess.Popen(mpirun_cmd(n, ["-m", "gem_mpi.train", *args]), env=mpi_env(),
-                            cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(mpirun_cmd(n, ["-m", "gem_mpi.train", *args]),
+                            env={**mpi_env(), **(env or {})}, cwd=str(REPO),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def rank_pids(proc: subprocess.Popen) -> dict[int, int]:
+    """MPI rank -> pid of the ranks a background mpirun started (from their environment)."""
+    out = {}
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True,
+                              check=False).stdout.split()
+    for pid in map(int, children):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in environ:
+            if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                out[int(item.split(b"=")[1])] = pid
+    return out
 
 
 @pytest.fixture

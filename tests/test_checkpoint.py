@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from conftest import train, train_background
+from conftest import rank_pids, train, train_background
 from test_train_invariants import replay_fixed
 
 from gem_mpi.metrics import read_run
@@ -37,21 +37,6 @@ def _wait_for_checkpoint(proc: subprocess.Popen, tmp: Path, timeout: float = 90)
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.1)
-
-
-def _ranks(proc: subprocess.Popen) -> dict[int, int]:
-    """MPI rank -> pid of the ranks mpirun started (read from their environment)."""
-    out = {}
-    for pid in map(int, subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                       text=True, check=False).stdout.split()):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for item in env:
-            if item.startswith(b"OMPI_COMM_WORLD_RANK="):
-                out[int(item.split(b"=")[1])] = pid
-    return out
 
 
 def _check_whole_run(tmp: Path) -> None:
@@ -95,7 +80,7 @@ def test_killed_worker_ends_the_job_and_resume_recovers(tmp_path):
     proc = train_background(WORKERS + 1, *_args(tmp_path))
     try:
         _wait_for_checkpoint(proc, tmp_path)
-        ranks = _ranks(proc)
+        ranks = rank_pids(proc)
         assert set(ranks) == set(range(WORKERS + 1))
         t0 = time.monotonic()
         os.kill(ranks[2], signal.SIGKILL)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import PROGS, mpirun, train
 
@@ -24,6 +26,16 @@ QUAD = ["--model", "quadratic", "--dataset", "synthetic", "--max-steps", "5"]
         (["--dataset", "cifar"], "unknown --dataset 'cifar'"),
         (["--no-such-option"], "unrecognized arguments"),
         (["--metrics", "/nonexistent/dir/run.h5"], "does not exist"),
+        (["--save", "/nonexistent/dir/model.pt"], "does not exist"),
+        (["--eval-every", "-1"], "--eval-every must be >= 0"),
+        (["--straggler", "9:2"], "--straggler rank must be a worker"),
+        (["--straggler", "x"], "--straggler wants RANK:FACTOR"),
+        (["--divergence-factor", "1"], "--divergence-factor must be > 1"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every must be >= 0"),
+        (["--checkpoint-dir", "/nonexistent"], "does not exist"),
+        (["--resume", "/nonexistent.h5"], "no such file"),
+        (["--resume", "auto"], "--resume auto needs --checkpoint-dir"),
+        (["--model", "quadratic", "--dataset", "fashion-mnist"], "--model quadratic uses no data"),
     ],
 )
 def test_bad_option_is_one_line_from_rank0(args, message):
@@ -63,3 +75,27 @@ def test_error_on_one_rank_aborts_the_whole_job():
     assert res.stderr.count("RuntimeError: injected failure on rank 2") == 1
     assert "[rank 2]" in res.stderr
     assert "[rank 1]" not in res.stderr and "[rank 3]" not in res.stderr
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-gzip", "wrong-magic"])
+def test_damaged_dataset_file_is_one_line(tmp_path, damage):
+    import gzip
+    import shutil
+
+    src = Path("/usr/share/datasets/fashion-mnist")
+    for f in src.glob("*.gz"):
+        shutil.copy(f, tmp_path / f.name)
+    victim = tmp_path / "train-images-idx3-ubyte.gz"
+    raw = gzip.decompress(victim.read_bytes())
+    if damage == "truncated":
+        victim.write_bytes(gzip.compress(raw[: len(raw) // 2]))
+    elif damage == "not-gzip":
+        victim.write_bytes(raw[:1000])
+    else:
+        victim.write_bytes(gzip.compress(b"\x00\x00\x09\x09" + raw[4:]))
+    res = train(3, "--data-dir", str(tmp_path), timeout=120)
+    assert res.returncode != 0
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: error:")]
+    assert len(lines) == 1, res.stderr
+    assert "train-images" in lines[0]
+    assert "Traceback" not in res.stderr

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
+from conftest import rank_pids, train, train_background
 
-from conftest import train
 from gem_mpi.metrics import read_run
 
 QUAD = ["--model", "quadratic", "--dataset", "synthetic", "--quadratic-dim", "2000"]
@@ -56,3 +60,55 @@ def test_a_slow_worker_does_not_slow_the_others(tmp_path):
     slow_compute = np.median(u["compute_s"][u["worker"] == 2])
     fast_compute = np.median(u["compute_s"][u["worker"] != 2])
     assert slow_compute > 3 * fast_compute
+
+
+def _listening_inodes() -> set[str]:
+    """Socket inodes in LISTEN state (TCP) or bound at all (UDP), IPv4 and IPv6."""
+    found = set()
+    for table, listen_only in (("tcp", True), ("tcp6", True), ("udp", False), ("udp6", False)):
+        try:
+            lines = Path(f"/proc/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if not listen_only or fields[3] == "0A":  # 0A: TCP_LISTEN
+                found.add(fields[9])
+    return found
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    out = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[8:-1])
+    return out
+
+
+def test_no_rank_opens_a_port_of_its_own(tmp_path):
+    """The authors' prototype opened an unauthenticated UDP port; gem_mpi opens none.
+
+    With MPI's transports restricted to shared memory (btl self,vader: one node), the
+    ranks hold no listening TCP socket and no UDP socket at all while they train."""
+    env = {"OMPI_MCA_btl": "self,vader"}
+    proc = train_background(3, *QUAD, "--quadratic-dim", "100000", "--max-steps", "100000",
+                            "--eval-every", "0", "--metrics", str(tmp_path / "run.h5"),
+                            env=env)
+    try:
+        deadline = time.monotonic() + 60
+        ranks: dict[int, int] = {}
+        while len(ranks) < 3 or not (tmp_path / "run.h5").exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+            ranks = rank_pids(proc)
+        time.sleep(1.0)  # well into training
+        listening = _listening_inodes()
+        for rank, pid in ranks.items():
+            assert not (_socket_inodes(pid) & listening), f"rank {rank} listens"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)

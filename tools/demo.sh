@@ -10,6 +10,9 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/install.sh"
 
 mpirun_args=(--oversubscribe -n "${GEM_MPI_DEMO_RANKS:-5}")
+# One machine: MPI moves data through shared memory only, so no rank opens a TCP port
+# (Open MPI's tcp transport would listen on every interface).
+export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
 if [[ "$(id -u)" == 0 ]]; then
   # Open MPI refuses to run as root unless told it is intended (containers, CI).
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -20,6 +20,9 @@ export GEM_MPI_TORCH="${GEM_MPI_TORCH:-2.13.0}" GEM_MPI_TORCHVISION="${GEM_MPI_T
 # shellcheck source=tools/install.sh
 source tools/install.sh
 
+# One machine: MPI moves data through shared memory only, so no rank opens a TCP port
+# (Open MPI's tcp transport would listen on every interface).
+export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
 if [[ "$(id -u)" == 0 ]]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
