@@ -64,10 +64,11 @@ def main(argv: list[str] | None = None) -> int:
 class StopFlag:
     """Set by SIGUSR1 or SIGTERM: the master checkpoints and ends the run early, cleanly.
 
-    mpirun forwards SIGUSR1 to every rank and keeps the job alive; SIGTERM sent to mpirun
-    kills the ranks within about a second, so use SIGUSR1 with mpirun (Slurm:
-    ``--signal=B:USR1@120`` and forward it) and SIGTERM where it reaches the ranks directly
-    (srun). Workers only note the signal: the master decides and tells them.
+    mpirun and srun forward SIGUSR1 unchanged to every rank and keep the job alive; SIGTERM
+    sent to mpirun kills the ranks within about a second, and sent to srun it kills the
+    step at once, so forward SIGUSR1 to the launcher (Slurm: ``--signal=B:USR1@300``, as
+    jobs/ does); SIGTERM helps only where it reaches the ranks directly. Workers only note
+    the signal: the master decides and tells them.
     """
 
     def __init__(self) -> None:
