@@ -6,8 +6,10 @@ rows the metrics file held, the seconds already trained, and the run's configura
 It is written to a temporary file, flushed and fsync'ed, then renamed over; the previous
 checkpoint is deleted only after that, so a valid one exists at every moment.
 
-What a resume does not restore: a GEM worker's momentum m restarts at 0 (it lives on the
-worker), and the updates applied after the checkpoint are done again.
+--method sync also stores the optimizer's momentum buffer (one flat array like θ), so its
+resume continues exactly. What an asynchronous resume does not restore: a GEM worker's
+momentum m restarts at 0 (it lives on the worker), and the updates applied after the
+checkpoint are done again.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def save(directory: str, theta: np.ndarray, state: dict) -> str:
         f.attrs["gem_mpi_checkpoint"] = FORMAT
         f.create_dataset("theta", data=theta)
         f.create_dataset("next_seq", data=np.asarray(state["next_seq"], dtype=np.int64))
+        if state.get("momentum") is not None:
+            f.create_dataset("momentum", data=state["momentum"])
         for key in ("clock", "tickets", "rows_updates", "rows_eval", "rows_rejected"):
             f.attrs[key] = int(state[key])
         f.attrs["elapsed_s"] = float(state["elapsed_s"])
@@ -83,6 +87,7 @@ def load(path: str) -> tuple[np.ndarray, dict]:
             state["elapsed_s"] = float(f.attrs["elapsed_s"])
             state["config"] = json.loads(f.attrs["config"])
             state["next_seq"] = f["next_seq"][()]
+            state["momentum"] = f["momentum"][()] if "momentum" in f else None
     except (OSError, KeyError, ValueError) as exc:
         raise UsageError(f"--resume {path!r}: not a readable checkpoint ({exc})") from None
     if theta.dtype != np.float32 or theta.ndim != 1:

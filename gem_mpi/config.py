@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from gem_mpi.errors import UsageError
 from gem_mpi.gem import METHODS
 
+SYNC = "sync"  # synchronous momentum SGD on Horovod: every rank a worker, no master
+ALL_METHODS = (*METHODS, SYNC)
 MODELS = ("mnist-cnn", "alexnet", "resnet18", "quadratic")
 DATASETS = ("fashion-mnist", "mnist", "imagenet", "synthetic")
 
@@ -79,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a = p.add_argument
     a("-h", "--help", action="store_true", help="show this help and exit")
-    a("--method", default=d.method, help=f"update rule at the master: {', '.join(METHODS)}")
+    a("--method", default=d.method, help=f"update rule at the master: {', '.join(METHODS)}; "
+      "or sync: synchronous momentum SGD on Horovod (every rank a worker, no master), "
+      "GEM's proxy, the baseline to compare with")
     a("--model", default=d.model, help=f"model: {', '.join(MODELS)} (quadratic: a convex "
       "test problem in numpy, no torch, for checks and transport benchmarks)")
     a("--dataset", default=d.dataset, help=f"dataset: {', '.join(DATASETS)}")
@@ -115,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--verbose", action="store_true", help="workers report their own progress too")
     a("--no-extension", action="store_true", help="use the numpy reference at the master "
       "even when the C++ extension is built")
-    a("--straggler", default=d.straggler, metavar="RANK:FACTOR", help="make one worker "
+    a("--straggler", default=d.straggler, metavar="WORKER:FACTOR", help="make worker "
+      "WORKER (1..n: its MPI rank, or rank WORKER-1 with --method sync, which has no master) "
       "FACTOR times slower (it sleeps after each step): to see what asynchrony buys")
     a("--no-stop-on-divergence", dest="stop_on_divergence", action="store_false",
       help="keep going when the run diverges")
@@ -141,17 +146,23 @@ def parse(argv: list[str]) -> tuple[Config | None, str | None]:
     return Config(**{k: v for k, v in vars(ns).items() if k in fields}), None
 
 
+def n_workers(cfg: Config, world_size: int) -> int:
+    """Workers in a job of ``world_size`` ranks: all of them for sync, all but the master else."""
+    return world_size if cfg.method == SYNC else world_size - 1
+
+
 def straggler(cfg: Config, world_size: int) -> tuple[int, float] | None:
-    """(rank, factor) of --straggler RANK:FACTOR, or None."""
+    """(worker number 1..n, factor) of --straggler WORKER:FACTOR, or None."""
     if cfg.straggler is None:
         return None
     try:
         rank_text, factor_text = cfg.straggler.split(":")
         rank, factor = int(rank_text), float(factor_text)
     except ValueError:
-        raise UsageError(f"--straggler wants RANK:FACTOR, e.g. 2:5, got {cfg.straggler!r}")
-    if not 1 <= rank < world_size:
-        raise UsageError(f"--straggler rank must be a worker, 1..{world_size - 1}, got {rank}")
+        raise UsageError(f"--straggler wants WORKER:FACTOR, e.g. 2:5, got {cfg.straggler!r}")
+    n = n_workers(cfg, world_size)
+    if not 1 <= rank <= n:
+        raise UsageError(f"--straggler worker must be in 1..{n}, got {rank}")
     if not factor >= 1:
         raise UsageError(f"--straggler factor must be >= 1, got {factor}")
     return rank, factor
@@ -167,13 +178,15 @@ def _writable_target(path: str, what: str) -> None:
 
 def validate(cfg: Config, world_size: int) -> None:
     """Checks that need no data and no MPI; raises UsageError with one readable line."""
-    if world_size < 2:
+    if world_size < 2 and cfg.method != SYNC:
         raise UsageError(
             f"needs at least 2 MPI ranks (1 master + workers), got {world_size}: "
             "launch with e.g. mpirun -n 5 python -m gem_mpi.train"
         )
-    if cfg.method not in METHODS:
-        raise UsageError(f"unknown --method {cfg.method!r}; choose from {', '.join(METHODS)}")
+    if cfg.method not in ALL_METHODS:
+        raise UsageError(
+            f"unknown --method {cfg.method!r}; choose from {', '.join(ALL_METHODS)}"
+        )
     if cfg.model not in MODELS:
         raise UsageError(f"unknown --model {cfg.model!r}; choose from {', '.join(MODELS)}")
     if cfg.dataset not in DATASETS:
@@ -182,6 +195,9 @@ def validate(cfg: Config, world_size: int) -> None:
         )
     if cfg.model == "quadratic" and cfg.dataset != "synthetic":
         raise UsageError("--model quadratic uses no data: pass --dataset synthetic")
+    if cfg.method == SYNC and cfg.model == "quadratic":
+        raise UsageError("--method sync trains torch models (Horovod): --model quadratic is "
+                         "for the asynchronous methods only")
     checks = [
         (cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}"),
         (0 <= cfg.momentum < 1, f"--momentum must be in [0, 1), got {cfg.momentum}"),

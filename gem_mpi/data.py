@@ -402,7 +402,7 @@ class SyntheticSplit(Split):
         s = self.spec
         split_tag = SPLITS.index(self.split)
         for step, indices in enumerate(plan, start):
-            g = torch.Generator().manual_seed(_mix_seed(seed, split_tag, shard_index, step))
+            g = torch.Generator().manual_seed(mix_seed(seed, split_tag, shard_index, step))
             n = len(indices)
             x = torch.randn(n, s.channels, s.image_size, s.image_size, generator=g)
             y = torch.randint(0, s.num_classes, (n,), generator=g, dtype=torch.int64)
@@ -426,7 +426,7 @@ class ImageFolderSplit(Split):
             self.folder,
             batch_sampler=_ListPlan(plan),  # one loader for all epochs: workers start once
             num_workers=self.num_workers,
-            generator=torch.Generator().manual_seed(_mix_seed(seed, shard_index)),
+            generator=torch.Generator().manual_seed(mix_seed(seed, shard_index)),
         )
         for x, y in loader:
             yield x, y.to(torch.int64)
@@ -511,7 +511,7 @@ def load_split(
 # --------------------------------------------------------------------------- iteration
 
 
-def _mix_seed(*parts: int) -> int:
+def mix_seed(*parts: int) -> int:
     """A well-mixed 63-bit seed from several integers, so nearby seeds give unrelated streams."""
     state = np.random.SeedSequence([p & _U64 for p in parts]).generate_state(2, dtype=np.uint32)
     return ((int(state[0]) << 32) | int(state[1])) & ((1 << 63) - 1)
@@ -542,7 +542,7 @@ def epoch_indices(
     index, count = _check_shard(shard)
     indices = torch.arange(index, num_samples, count, dtype=torch.int64)
     if shuffle:
-        g = torch.Generator().manual_seed(_mix_seed(seed, epoch))
+        g = torch.Generator().manual_seed(mix_seed(seed, epoch))
         indices = indices[torch.randperm(len(indices), generator=g)]
     return indices
 

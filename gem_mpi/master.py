@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-import queue
 import sys
-import threading
 import time
 
 import numpy as np
@@ -19,6 +17,7 @@ import numpy as np
 from gem_mpi import checkpoint, gem
 from gem_mpi.config import Config
 from gem_mpi.metrics import MetricsWriter
+from gem_mpi.monitor import DivergenceWatch, Evaluator, Progress
 from gem_mpi.problem import Problem, load_theta
 from gem_mpi.transport import (
     H_COMPUTE_S,
@@ -35,107 +34,6 @@ from gem_mpi.transport import (
     Layout,
     MasterEndpoint,
 )
-
-
-class Evaluator:
-    """Test loss and accuracy of a θ snapshot, in a thread beside the apply loop."""
-
-    def __init__(self, cfg: Config, problem: Problem) -> None:
-        self.cfg = cfg
-        self.problem = problem
-        self._jobs: queue.Queue = queue.Queue(maxsize=1)
-        self._results: queue.Queue = queue.Queue()
-        self._busy = threading.Event()
-        if problem.quadratic is None:
-            import torch
-
-            from gem_mpi.data import load_split
-
-            self.device = torch.device("cpu")  # the master is a CPU rank
-            self.split = load_split(cfg.dataset, cfg.data_dir, "test", cfg.model)
-        self._thread = threading.Thread(target=self._serve, name="gem-eval", daemon=True)
-        self._thread.start()
-
-    def evaluate(self, theta: np.ndarray) -> tuple[float, float]:
-        q = self.problem.quadratic
-        if q is not None:  # the mean objective over workers' targets ≈ the shared optimum
-            diff = theta - q.center
-            return 0.5 * float(np.dot(q.h * diff, diff)), float("nan")
-        from gem_mpi.data import iterate_batches
-        from gem_mpi.models import evaluate
-
-        load_theta(self.problem.model, theta)
-        batches = iterate_batches(
-            self.split, self.cfg.eval_batch_size, 1, 0, shuffle=False, drop_last=False
-        )
-        return evaluate(self.problem.model, batches, self.device)
-
-    def submit(self, theta: np.ndarray, clock: int, t: float) -> bool:
-        """Queue a snapshot unless an evaluation is still running (then skip this one)."""
-        if self._busy.is_set():
-            return False
-        self._busy.set()
-        self._jobs.put((theta.copy(), clock, t))
-        return True
-
-    def _serve(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            theta, clock, t = job
-            try:
-                loss, acc = self.evaluate(theta)
-                self._results.put((t, clock, loss, acc, None))
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-                self._results.put((t, clock, float("nan"), float("nan"), exc))
-            finally:
-                self._busy.clear()
-
-    def results(self) -> list[tuple]:
-        out = []
-        while True:
-            try:
-                out.append(self._results.get_nowait())
-            except queue.Empty:
-                return out
-
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join()
-
-
-class Progress:
-    """One status line on rank 0: a live tqdm bar on a terminal, throttled lines otherwise."""
-
-    def __init__(self, log_every: float) -> None:
-        self.tty = sys.stderr.isatty()
-        self.log_every = log_every
-        self._last = time.monotonic()
-        self._bar = None
-        if self.tty:
-            from tqdm import tqdm
-
-            self._bar = tqdm(unit="upd", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
-
-    def update(self, clock: int, rate: float, loss: float, staleness: float, done: int,
-               n: int) -> None:
-        text = f"loss {loss:.4f} staleness {staleness:.1f} workers done {done}/{n}"
-        if self._bar is not None:
-            self._bar.n = clock
-            self._bar.set_postfix_str(text, refresh=False)
-            self._bar.refresh() if time.monotonic() - self._last > 0.5 else None
-            self._last = time.monotonic()
-            return
-        now = time.monotonic()
-        if now - self._last >= self.log_every:
-            self._last = now
-            print(f"gem_mpi: {clock} updates, {rate:.1f} upd/s, {text}", file=sys.stderr,
-                  flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
 
 
 def _say(text: str) -> None:
@@ -197,7 +95,7 @@ class Master:
         clock, done, rejected = self.start_state["clock"], 0, 0
         stopped = False
         diverged: str | None = None
-        self._lowest_loss = math.inf
+        watch = DivergenceWatch(cfg.divergence_factor)
         rejected_by: dict[int, int] = {}
         timers = dict.fromkeys(("wait", "apply", "metrics", "mpi"), 0.0)
         recent_loss, recent_stale = float("nan"), 0.0
@@ -217,7 +115,7 @@ class Master:
                 timers["mpi"] += clock_fn() - tm
                 if ready.size == 0:
                     progress.update(clock, clock / max(clock_fn() - t0, 1e-9),
-                                    recent_loss, recent_stale, done, self.n_workers)
+                                    self._status(recent_loss, recent_stale, done))
                     tw = clock_fn()
                     backoff.wait()
                     timers["wait"] += clock_fn() - tw
@@ -281,12 +179,12 @@ class Master:
                         0.95 * recent_loss + 0.05 * loss)
                     recent_stale = 0.95 * recent_stale + 0.05 * staleness
                     if diverged is None:
-                        diverged = self._divergence(recent_loss, at_clock)
+                        diverged = watch.check(recent_loss, at_clock, theta)
                     if cfg.eval_every and (at_clock + 1) % cfg.eval_every == 0:
                         self.evaluator.submit(theta, clock, clock_fn() - t0)
                 timers["metrics"] += clock_fn() - tm
                 progress.update(clock, clock / max(clock_fn() - t0, 1e-9),
-                                recent_loss, recent_stale, done, self.n_workers)
+                                self._status(recent_loss, recent_stale, done))
             wall = clock_fn() - t0
             progress.close()
             self.evaluator.close()
@@ -340,23 +238,8 @@ class Master:
         self.ep.shutdown(SHUTDOWN_STOP)
         return summary
 
-    def _divergence(self, recent_loss: float, clock: int) -> str | None:
-        """Why the run has diverged, or None: the smoothed worker loss turned NaN/Inf or
-        rose --divergence-factor times above its lowest value, or θ is no longer finite
-        (checked every 100 updates: one pass over θ)."""
-        if not math.isfinite(recent_loss):
-            return f"the workers' loss is {recent_loss}"
-        self._lowest_loss = min(self._lowest_loss, recent_loss)
-        factor = self.cfg.divergence_factor
-        if self._lowest_loss > 0 and recent_loss > factor * self._lowest_loss:
-            return (f"the smoothed worker loss {recent_loss:.4g} is over {factor:g} times its "
-                    f"lowest, {self._lowest_loss:.4g}")
-        if clock % 100 == 0:
-            with np.errstate(over="ignore", invalid="ignore"):
-                norm = float(np.dot(self.ep.theta, self.ep.theta))
-            if not math.isfinite(norm):
-                return "θ holds values that are not finite"
-        return None
+    def _status(self, loss: float, staleness: float, done: int) -> str:
+        return f"loss {loss:.4f} staleness {staleness:.1f} workers done {done}/{self.n_workers}"
 
     def _reject(self, worker: int, seq: int, ticket: int, t: float,
                 rejected_by: dict[int, int]) -> None:

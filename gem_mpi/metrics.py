@@ -36,11 +36,28 @@ GEM_COLUMNS = [
     ("energy_central", "f8"),  # ½‖θ_new − s‖²
     ("energy_proxy", "f8"),  # ½‖κ m‖²
 ]
+# --method sync: one row per synchronous step (every worker's gradient averaged); worker,
+# ticket, staleness, queue and the GEM columns have no meaning there and are not written
+SYNC_COLUMNS = [
+    ("time", "f8"),  # seconds since training started, at the end of the step
+    ("seq", "i8"),  # the step number (each worker's own update counter)
+    ("clock", "i8"),  # θ's version before the step (= seq: one update per step)
+    ("loss", "f4"),  # the workers' mini-batch losses, averaged
+    ("loss_max", "f4"),  # the highest of them
+    ("compute_s", "f4"),  # the slowest worker's forward + backward (+ --straggler sleep)
+    ("allreduce_s", "f4"),  # rank 0's wait in the optimizer step for the averaged gradient
+]
 EVAL_COLUMNS = [("time", "f8"), ("clock", "f8"), ("test_loss", "f8"), ("test_accuracy", "f8")]
 REJECTED_COLUMNS = [("time", "f8"), ("worker", "i4"), ("seq", "i8"), ("ticket", "i8")]
 SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished", "rejected",
                   "diverged",
                   "master_wait_s", "master_apply_s", "master_metrics_s", "master_mpi_s"]
+SYNC_SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished",
+                       "diverged", "compute_s", "allreduce_s"]
+
+
+def summary_fields(method: str) -> list[str]:
+    return SYNC_SUMMARY_FIELDS if method == "sync" else SUMMARY_FIELDS
 
 
 def library_versions() -> dict[str, str]:
@@ -118,6 +135,7 @@ class MetricsWriter:
     ) -> None:
         self.path = path
         self.flush_seconds = flush_seconds
+        self.summary_fields = summary_fields(config["method"])
         if resume_rows is not None:
             self._reopen(resume_rows)
             return
@@ -133,17 +151,18 @@ class MetricsWriter:
         t = f.create_group("tensors")
         t.create_dataset("name", data=np.array(tensor_names, dtype=h5py.string_dtype()))
         t.create_dataset("size", data=np.asarray(tensor_sizes, dtype=np.int64))
-        cols = [(n, d, ()) for n, d in UPDATE_COLUMNS]
+        sync = config["method"] == "sync"
+        cols = [(n, d, ()) for n, d in (SYNC_COLUMNS if sync else UPDATE_COLUMNS)]
         if config["method"] == "gem":
             k = len(tensor_names)
             cols += [(n, d, ()) for n, d in GEM_COLUMNS]
             cols += [("pi_median", "f4", (k,)), ("clamp_frac", "f4", (k,))]
         self.updates = _Table(f.create_group("updates"), cols)
         self.evals = _Table(f.create_group("eval"), [(n, d, ()) for n, d in EVAL_COLUMNS])
-        self.rejected = _Table(f.create_group("rejected"),
-                               [(n, d, ()) for n, d in REJECTED_COLUMNS])
+        self.rejected = None if sync else _Table(f.create_group("rejected"),
+                                                 [(n, d, ()) for n, d in REJECTED_COLUMNS])
         summary = f.create_group("summary")
-        for name in SUMMARY_FIELDS:
+        for name in self.summary_fields:
             summary.create_dataset(name, shape=(), dtype="f8", data=np.nan)
         f.swmr_mode = True
         self._last_flush = time.monotonic()
@@ -161,6 +180,9 @@ class MetricsWriter:
             raise UsageError(f"--metrics {self.path!r} is not a gem_mpi metrics file")
         tables = []
         for name, count in zip(("updates", "eval", "rejected"), rows):
+            if name not in f:  # sync runs have no rejected table
+                tables.append(None)
+                continue
             group = f[name]
             columns = [(k, group[k].dtype, group[k].shape[1:]) for k in group]
             table = _Table.__new__(_Table)
@@ -173,7 +195,7 @@ class MetricsWriter:
                 table.rows[k] = []
             tables.append(table)
         self.updates, self.evals, self.rejected = tables
-        for name in SUMMARY_FIELDS:
+        for name in self.summary_fields:
             f["summary"][name][()] = np.nan
         f.attrs["resumes"] = int(f.attrs.get("resumes", 0)) + 1
         f.swmr_mode = True
@@ -181,7 +203,8 @@ class MetricsWriter:
 
     def rows(self) -> tuple[int, int, int]:
         """Rows on disk per table (call after flush)."""
-        return self.updates.written, self.evals.written, self.rejected.written
+        return (self.updates.written, self.evals.written,
+                0 if self.rejected is None else self.rejected.written)
 
     def add_update(self, row: dict) -> None:
         self.updates.append(row)
@@ -199,14 +222,15 @@ class MetricsWriter:
     def flush(self) -> None:
         self.updates.write()
         self.evals.write()
-        self.rejected.write()
+        if self.rejected is not None:
+            self.rejected.write()
         self._f.flush()
         self._last_flush = time.monotonic()
 
     def close(self, summary: dict) -> None:
         """Write the summary and close; a file without a finished summary was cut short."""
         self.flush()
-        for name in SUMMARY_FIELDS:
+        for name in self.summary_fields:
             self._f["summary"][name][()] = float(summary.get(name, np.nan))
         self._f.flush()
         self._f.close()

@@ -8,11 +8,27 @@ waiting forever) after printing that rank's message once.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
 from gem_mpi import config
 from gem_mpi.errors import GemError, UsageError
+
+
+def _mpi_thread_level(argv: list[str]) -> str:
+    """MULTIPLE for --method sync (Horovod's thread calls MPI beside ours); FUNNELED for the
+    asynchronous methods, whose one-sided windows Open MPI refuses under MULTIPLE."""
+    try:
+        cfg, _ = config.parse(argv)
+    except UsageError:
+        return "funneled"  # rank 0 reports it once MPI runs
+    return "multiple" if cfg is not None and cfg.method == config.SYNC else "funneled"
+
+
+if __name__ == "__main__":  # before transport starts MPI
+    os.environ.setdefault("GEM_MPI_THREAD_LEVEL", _mpi_thread_level(sys.argv[1:]))
+
 from gem_mpi.transport import MASTER, MPI, Layout, soft_barrier
 
 EXIT_USAGE = 2
@@ -29,7 +45,12 @@ def _check_on_master(cfg: config.Config, size: int) -> None:
     from gem_mpi.gem import kernel_threads
 
     config.validate(cfg, size)
-    kernel_threads()  # GEM_NUM_THREADS
+    if cfg.method == config.SYNC:
+        from gem_mpi.sync import check_horovod
+
+        check_horovod()
+    else:
+        kernel_threads()  # GEM_NUM_THREADS
     if cfg.model != "quadratic":
         from gem_mpi.data import check_dataset, dataset_spec
 
@@ -94,12 +115,7 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> int:
     rank = comm.Get_rank()
     placement = local_placement(comm)  # collective: every rank, before the windows
     problem = build_problem(cfg, with_theta0=rank == MASTER)
-    n_workers = comm.Get_size() - 1
-    layout = Layout(
-        n_workers=n_workers,
-        n_params=problem.n_params,
-        payload_floats=gem.payload_floats(cfg.method, problem.n_params),
-    )
+    n_workers = config.n_workers(cfg, comm.Get_size())
     resumed = None
     if rank == MASTER and cfg.resume:
         path = checkpoint.resolve(cfg.resume, cfg.checkpoint_dir)
@@ -110,6 +126,18 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> int:
             checkpoint.check_compatible(state, theta, cfg.as_dict(), n_workers,
                                         problem.n_params, path)
             resumed = (path, theta, state)
+    if cfg.method == config.SYNC:
+        from gem_mpi.sync import run_sync
+
+        summary = run_sync(cfg, comm, problem, placement, stop, resumed)
+        if summary["diverged"]:
+            return EXIT_DIVERGED
+        return EXIT_STOPPED if not summary["finished"] else 0
+    layout = Layout(
+        n_workers=n_workers,
+        n_params=problem.n_params,
+        payload_floats=gem.payload_floats(cfg.method, problem.n_params),
+    )
     soft_barrier(comm)
     start_seqs = comm.bcast(None if resumed is None else resumed[2]["next_seq"].tolist(),
                             root=MASTER)

@@ -25,17 +25,21 @@ MPI is initialised with ``MPI_THREAD_FUNNELED`` (the ``pt2pt`` one-sided compone
 windows under ``MPI_THREAD_MULTIPLE``, mpi4py's default); 8-byte ``Compare_and_swap`` is
 never used (it crashes rank 0 on ``Allocate`` windows in Open MPI 4.1.4); idle ranks back off
 exponentially instead of spinning, which matters when ranks outnumber cores.
+``--method sync`` makes no window and runs Horovod, whose background thread calls MPI beside
+the main thread: train.py then asks for ``MPI_THREAD_MULTIPLE`` through
+``GEM_MPI_THREAD_LEVEL``, read here before MPI starts.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
 import mpi4py
 import numpy as np
 
-mpi4py.rc.thread_level = "funneled"
+mpi4py.rc.thread_level = os.environ.get("GEM_MPI_THREAD_LEVEL", "funneled")
 from mpi4py import MPI
 
 MASTER = 0

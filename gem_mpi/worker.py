@@ -29,6 +29,45 @@ def local_placement(comm: MPI.Intracomm) -> tuple[int, int]:
         node.Free()
 
 
+def torch_device(cfg: Config, local_rank: int, local_size: int) -> object:
+    """This rank's GPU (one per local rank, round robin) or the CPU, and its torch threads."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or cores) // local_size))
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
+    torch.cuda.set_device(device)
+    return device
+
+
+def seed_dropout(cfg: Config, worker: int, step: int = 0) -> None:
+    """Each worker its own dropout masks (θ₀ came from --seed alone, before this); seeded
+    per step, a resumed run draws the masks the uninterrupted one would have."""
+    import torch
+
+    from gem_mpi.data import mix_seed
+
+    torch.manual_seed(mix_seed(cfg.seed, worker, step))
+
+
+def data_stream(cfg: Config, worker: int, n_workers: int, start_seq: int = 0) -> tuple:
+    """(steps, batches) of worker number ``worker`` (1..n): the same stream whichever method
+    runs it, so that methods are compared on the same data."""
+    from gem_mpi.data import iterate_batches, load_split, steps_per_epoch
+
+    shard = (worker - 1, n_workers) if cfg.shard else None
+    split = load_split(cfg.dataset, cfg.data_dir, "train", cfg.model,
+                       synthetic_size=cfg.synthetic_size)
+    steps = steps_per_epoch(split, cfg.batch_size, shard) * cfg.epochs
+    if cfg.max_steps:
+        steps = min(steps, cfg.max_steps)
+    batches = iterate_batches(split, cfg.batch_size, cfg.epochs,
+                              seed=cfg.seed * 100_003 + worker, shard=shard, start=start_seq)
+    return steps, batches
+
+
 class _QuadraticSteps:
     """Δθ of the numpy quadratic problem; used by the invariant tests."""
 
@@ -60,17 +99,9 @@ class _TorchSteps:
         import torch
         import torch.nn.functional as F
 
-        from gem_mpi.data import iterate_batches, load_split, steps_per_epoch
-
         self.torch, self.F = torch, F
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-        threads = cfg.threads or max(1, (os.cpu_count() or cores) // local_size)
-        torch.set_num_threads(threads)
-        if torch.cuda.is_available():
-            self.device = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
-            torch.cuda.set_device(self.device)
-        else:
-            self.device = torch.device("cpu")
+        self.device = torch_device(cfg, local_rank, local_size)
+        seed_dropout(cfg, rank)
         self.model = problem.model.to(self.device)
         self.model.train()
         self.params = list(self.model.parameters())
@@ -81,15 +112,7 @@ class _TorchSteps:
         self._a_host = torch.empty(n, dtype=torch.float32, pin_memory=on_gpu)
         self._flat = torch.empty(n, dtype=torch.float32, device=self.device)
         self._grad = torch.empty(n, dtype=torch.float32, device=self.device)
-        shard = (rank - 1, n_workers) if cfg.shard else None
-        split = load_split(cfg.dataset, cfg.data_dir, "train", cfg.model,
-                           synthetic_size=cfg.synthetic_size)
-        self.steps = steps_per_epoch(split, cfg.batch_size, shard) * cfg.epochs
-        if cfg.max_steps:
-            self.steps = min(self.steps, cfg.max_steps)
-        self.batches = iterate_batches(split, cfg.batch_size, cfg.epochs,
-                                       seed=cfg.seed * 100_003 + rank, shard=shard,
-                                       start=start_seq)
+        self.steps, self.batches = data_stream(cfg, rank, n_workers, start_seq)
         self.lr = cfg.lr
 
     def __call__(self, theta: np.ndarray) -> tuple[np.ndarray, float]:

@@ -13,6 +13,9 @@
 #   3. Python dependencies (torch, torchvision, mpi4py, numpy, h5py, matplotlib, ...)
 #   4. gem_mpi itself: pip install --no-build-isolation . (builds the C++ extension),
 #      skipped while the sources hash the same as at the last install
+#   5. Horovod 0.28.1 for --method sync, built from PyPI's sdist against this torch and
+#      Open MPI by tools/build_horovod.sh (about 3 minutes on 2 cores, once: the wheel is
+#      cached in ~/.cache/gem_mpi/horovod; skipped while Horovod imports with MPI)
 #
 # Environment:
 #   GEM_MPI_VENV          where the virtualenv lives
@@ -22,6 +25,8 @@
 #                         installs none: the CPU-only scale venv of tools/scale.sh)
 #   GEM_MPI_NATIVE=1      build the kernels with -march=native
 #   GEM_MPI_SKIP_APT=1    do not check or install Debian packages (non-Debian clusters)
+#   GEM_MPI_HOROVOD=0     do not build Horovod (no --method sync in this venv)
+#   HOROVOD_GPU_OPERATIONS=NCCL   build Horovod's NCCL operations too (GPU clusters)
 
 _gem_install_main() {
   set -euo pipefail
@@ -201,6 +206,11 @@ except Exception as exc:
       cp "$built" "$f"
     fi
   done
+
+  # --- 5. Horovod, for --method sync --------------------------------------------------------
+  if [[ "${GEM_MPI_HOROVOD:-1}" != 0 ]]; then
+    bash "$root/tools/build_horovod.sh" "$py"
+  fi
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

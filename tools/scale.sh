@@ -17,6 +17,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 export GEM_MPI_VENV="${GEM_MPI_SCALE_VENV:-$HOME/.cache/gem_mpi/venv-cpu}"
 export GEM_MPI_TORCH="${GEM_MPI_TORCH:-2.13.0}" GEM_MPI_TORCHVISION="${GEM_MPI_TORCHVISION:-none}"
+export GEM_MPI_HOROVOD="${GEM_MPI_HOROVOD:-0}"  # the scale check runs GEM only
 # shellcheck source=tools/install.sh
 source tools/install.sh
 

@@ -1,0 +1,129 @@
+"""``--method sync``: synchronous momentum SGD on Horovod (GEM's proxy), under real mpirun."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import PROGS, mpirun, train, train_background
+
+from gem_mpi import checkpoint, config
+from gem_mpi.metrics import read_run
+
+hvd = pytest.importorskip("horovod.torch", reason="tools/install.sh builds Horovod")
+
+
+def test_every_rank_holds_the_same_parameters_after_every_step():
+    res = mpirun(3, [str(PROGS / "sync_consistency.py"), "8", "--threads", "1"], timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SYNC-OK 8 steps" in res.stdout
+
+
+def _reference_sgd(args: list[str]) -> dict[str, torch.Tensor]:
+    """Plain single-process momentum SGD over worker 1's batches and dropout masks."""
+    from gem_mpi.problem import build_problem
+    from gem_mpi.worker import data_stream, seed_dropout
+
+    cfg, _ = config.parse(args)
+    torch.set_num_threads(1)
+    model = build_problem(cfg, with_theta0=False).model
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    steps, batches = data_stream(cfg, 1, 1)
+    for step in range(steps):
+        seed_dropout(cfg, 1, step)
+        x, y = next(batches)
+        opt.zero_grad()
+        torch.nn.functional.nll_loss(model(x), y).backward()
+        opt.step()
+    return model.state_dict()
+
+
+def test_one_worker_equals_single_process_momentum_sgd(tmp_path):
+    args = ["--method", "sync", "--max-steps", "25", "--threads", "1", "--eval-every", "0",
+            "--lr", "0.05", "--momentum", "0.9"]
+    saved = tmp_path / "model.pt"
+    res = train(1, *args, "--save", str(saved), timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "done: 25 synchronous steps of 1 workers" in res.stderr
+    got = torch.load(saved, weights_only=True)
+    want = _reference_sgd(args)
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6, msg=name)
+    assert any(not torch.equal(got[k], build_theta0_state()[k]) for k in got)  # it trained
+
+
+def build_theta0_state() -> dict[str, torch.Tensor]:
+    from gem_mpi.problem import build_problem
+
+    cfg, _ = config.parse(["--method", "sync"])
+    return build_problem(cfg, with_theta0=False).model.state_dict()
+
+
+def test_four_ranks_learn_fashion_mnist_and_write_the_step_schema(tmp_path):
+    h5 = tmp_path / "sync.h5"
+    res = train(4, "--method", "sync", "--max-steps", "120", "--eval-every", "60",
+                "--metrics", str(h5), timeout=600)
+    assert res.returncode == 0, res.stderr
+    run = read_run(str(h5))
+    u = run["updates"]
+    assert u["seq"].tolist() == list(range(120))
+    assert u["loss"][-20:].mean() < 0.6 * u["loss"][:10].mean()
+    assert run["summary"]["test_accuracy"] > 0.65
+    assert np.all(u["loss_max"] >= u["loss"])
+    # what has no meaning without a master is left out, not faked
+    for absent in ("worker", "ticket", "staleness", "queue", "pi_median"):
+        assert absent not in u
+    assert "rejected" not in run["summary"] and run["rejected"] == {}
+    assert run["attrs"]["method"] == "sync" and run["attrs"]["n_workers"] == 4
+    assert len(run["eval"]["clock"]) == 2  # at steps 60 and 120
+
+
+def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path):
+    common = ["--method", "sync", "--max-steps", "400", "--threads", "1", "--eval-every", "0"]
+    whole = tmp_path / "whole.pt"
+    res = train(2, *common, "--save", str(whole), timeout=300)
+    assert res.returncode == 0, res.stderr
+    ckdir, h5, part = tmp_path / "ck", tmp_path / "run.h5", tmp_path / "part.pt"
+    ckdir.mkdir()
+    args = [*common, "--checkpoint-dir", str(ckdir), "--checkpoint-every", "0",
+            "--metrics", str(h5), "--save", str(part)]
+    proc = train_background(2, *args)
+    try:
+        deadline = time.monotonic() + 120
+        while not h5.exists() or read_run(str(h5))["updates"]["seq"].size < 50:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGUSR1)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 3, err
+    assert err.count("stopped by a signal at step") == 1 and "Traceback" not in err
+    ck = checkpoint.latest(str(ckdir))
+    theta, state = checkpoint.load(ck)
+    assert 0 < state["clock"] < 400 and state["momentum"].shape == theta.shape
+    res = train(2, *args, "--resume", "auto", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "resuming" in res.stderr
+    run = read_run(str(h5))
+    assert run["updates"]["seq"].tolist() == list(range(400))  # no row lost or repeated
+    assert run["summary"]["finished"] == 1.0
+    a, b = torch.load(whole, weights_only=True), torch.load(part, weights_only=True)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_sync_with_the_numpy_quadratic_is_one_line_and_exit_2():
+    res = train(2, "--method", "sync", "--model", "quadratic", "--dataset", "synthetic",
+                timeout=120)
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi:")]
+    assert lines == [("gem_mpi: error: --method sync trains torch models (Horovod): "
+                      "--model quadratic is for the asynchronous methods only")]
