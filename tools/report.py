@@ -192,6 +192,14 @@ def fig_energy(run: an.Run, plt: Any, out: Outcome) -> Any:
     return fig
 
 
+def _rejected_text(run: an.Run) -> str:
+    if run.method == "sync":
+        return "n/a (sync: no master; every step averages all workers' gradients)"
+    count = an.rejected(run)
+    return str(count) if count is not None else "not recorded (a file from before gem_mpi " \
+        "counted them)"
+
+
 def fig_throughput(run: an.Run, plt: Any, out: Outcome) -> Any:
     """Updates per second applied by the master."""
     tp = an.throughput(run)
@@ -205,7 +213,10 @@ def fig_throughput(run: an.Run, plt: Any, out: Outcome) -> Any:
     if math.isfinite(ups):
         ax.axhline(ups, color="C3", linewidth=1.2, label=f"whole run {ups:.1f}/s")
         ax.legend(loc="lower right")
-    ax.set(xlabel="seconds (master)", ylabel="updates/s", title="updates/s at the master")
+    if run.method == "sync":  # no master: one row per synchronous step of every worker
+        ax.set(xlabel="seconds (rank 0)", ylabel="steps/s", title="synchronous steps/s")
+    else:
+        ax.set(xlabel="seconds (master)", ylabel="updates/s", title="updates/s at the master")
     return fig
 
 
@@ -286,8 +297,7 @@ def summary_markdown(run: an.Run, out: Outcome) -> str:
         ("started", str(run.attrs.get("started", "?"))),
         ("kernel", str(run.attrs.get("kernel", "?"))),
         ("updates", str(an.applied_updates(run))),
-        ("rejected updates", str(an.rejected(run)) if an.rejected(run) is not None else
-         "not recorded (a file from before gem_mpi counted them)"),
+        ("rejected updates", _rejected_text(run)),
         ("wall time", f"{wall:.2f} s" if math.isfinite(wall) else "n/a"),
         ("updates/s", _num(an.updates_per_second(run), ".2f")),
         ("final training loss", (f"{_num(an.final_train_loss(run, FINAL_FRACTION))} (mean "

@@ -72,26 +72,33 @@ gem_require_slurm() {
 }
 
 # GEM_RANKS: GEM_WORKERS + 1 if set (at most the job's tasks), else all the job's tasks.
+# With GEM_NO_MASTER=1 (--method sync) every rank is a worker: GEM_RANKS = GEM_WORKERS.
+# GEM_N_WORKERS: the workers among them.
 gem_ranks() {
-  local tasks="$SLURM_NTASKS"
+  local tasks="$SLURM_NTASKS" masters=1 what
+  [[ ${GEM_NO_MASTER:-0} != 1 ]] || masters=0
   if [[ -n ${GEM_WORKERS:-} ]]; then
     [[ $GEM_WORKERS =~ ^[1-9][0-9]*$ ]] ||
       gem_die 2 "GEM_WORKERS must be a positive integer, got '$GEM_WORKERS'"
-    ((GEM_WORKERS + 1 <= tasks)) || gem_die 2 "GEM_WORKERS=$GEM_WORKERS needs" \
-      "$((GEM_WORKERS + 1)) tasks but the job has $tasks: submit with --ntasks=$((GEM_WORKERS + 1))"
-    GEM_RANKS=$((GEM_WORKERS + 1))
+    ((GEM_WORKERS + masters <= tasks)) || gem_die 2 "GEM_WORKERS=$GEM_WORKERS needs" \
+      "$((GEM_WORKERS + masters)) tasks but the job has $tasks: submit with --ntasks=$((GEM_WORKERS + masters))"
+    GEM_RANKS=$((GEM_WORKERS + masters))
   else
-    ((tasks >= 2)) || gem_die 2 "needs at least 2 tasks (1 master + workers), the job has $tasks"
+    ((tasks >= 1 + masters)) ||
+      gem_die 2 "needs at least 2 tasks (1 master + workers), the job has $tasks"
     GEM_RANKS=$tasks
   fi
+  GEM_N_WORKERS=$((GEM_RANKS - masters))
+  what="1 master + $GEM_N_WORKERS workers"
+  ((masters)) || what="$GEM_N_WORKERS workers, no master"
   gem_log "job $SLURM_JOB_ID ($SLURM_JOB_NAME) on ${SLURM_JOB_NODELIST:-?}: $GEM_RANKS ranks" \
-    "(1 master + $((GEM_RANKS - 1)) workers), GPUs: ${CUDA_VISIBLE_DEVICES:-none}"
+    "($what), GPUs: ${CUDA_VISIBLE_DEVICES:-none}"
 }
 
 # GEM_BATCH: each worker's batch b = B / n for a fixed effective batch B
-# (GEM_EFFECTIVE_BATCH, default 1024) over the n = GEM_RANKS - 1 workers.
+# (GEM_EFFECTIVE_BATCH, default 1024) over the n = GEM_N_WORKERS workers.
 gem_split_batch() {
-  local B="${GEM_EFFECTIVE_BATCH:-1024}" n=$((GEM_RANKS - 1))
+  local B="${GEM_EFFECTIVE_BATCH:-1024}" n=$GEM_N_WORKERS
   [[ $B =~ ^[1-9][0-9]*$ ]] || gem_die 2 "GEM_EFFECTIVE_BATCH must be a positive integer, got '$B'"
   ((B % n == 0)) || gem_die 2 "the effective batch $B does not split evenly over $n workers" \
     "(use 8 or 16 workers, or set GEM_EFFECTIVE_BATCH)"
@@ -284,9 +291,10 @@ gem_check_metrics() { # path
 import sys
 import h5py
 with h5py.File(sys.argv[1], "r", libver="latest", swmr=True) as f:
-    n = len(f["updates/worker"])
+    n = len(f["updates/clock"])
+    unit = "steps" if f.attrs.get("method") == "sync" else "updates"
     finished = float(f["summary/finished"][()])
-    print(f"{n} updates, {'finished' if finished == 1.0 else 'unfinished'}")
+    print(f"{n} {unit}, {'finished' if finished == 1.0 else 'unfinished'}")
 PY
 )" || rc=$?
   if ((rc == 0)); then
