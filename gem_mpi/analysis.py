@@ -398,6 +398,35 @@ def updates_per_second(run: Run) -> float:
     return applied_updates(run) / wall if wall > 0 else math.nan
 
 
+def time_to_accuracy(run: Run, target: float) -> float | None:
+    """Seconds until the first evaluation at or above ``target`` test accuracy (the time the
+    evaluated θ was taken), or None if no evaluation reached it."""
+    t, acc = run.eval_col("time"), run.eval_col("test_accuracy")
+    if t is None or acc is None:
+        return None
+    hit = np.flatnonzero(acc >= target)
+    return float(t[hit[0]]) if hit.size else None
+
+
+def samples_per_second(run: Run) -> float:
+    """Training samples per second while every worker was still running: up to the first
+    worker's last update (asynchronous; a straggler's tail after the others finished would
+    understate the rate), or the whole run (sync: every step has every worker)."""
+    batch = int(run.config.get("batch_size", 0))
+    t = run.col("time")
+    if t is None or t.size == 0 or batch <= 0:
+        return math.nan
+    if run.method == "sync":
+        wall = wall_seconds(run)
+        return applied_updates(run) * run.n_workers * batch / wall if wall > 0 else math.nan
+    w = run.col("worker")
+    if w is None:
+        return applied_updates(run) * batch / max(wall_seconds(run), 1e-9)
+    first_done = min(float(t[w == rank][-1]) for rank in np.unique(w))
+    rows = int(np.count_nonzero(t <= first_done))
+    return rows * batch / first_done if first_done > 0 else math.nan
+
+
 def throughput(run: Run, bins: int = 60) -> tuple[np.ndarray, np.ndarray] | None:
     """(bin centres in seconds, updates/s at the master in each bin), or None without time."""
     t = run.col("time")

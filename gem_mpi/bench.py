@@ -3,6 +3,8 @@
     python -m gem_mpi.bench kernel                 # fused kernel vs numpy, torch, memcpy, triad
     mpirun -n 5 python -m gem_mpi.bench master     # master updates/s vs its bandwidth bound
     mpirun -n 2 python -m gem_mpi.bench transport  # RMA Get/Put vs memcpy
+    python -m gem_mpi.bench compare                # GEM vs DOWNPOUR vs sync (Horovod), with
+                                                   # a straggler; launches mpirun itself
 
 Every figure is a median over repeated calls; every ratio compares numbers taken in the same
 process minutes apart, never numbers from another run. ``--json PATH`` writes them all.
@@ -289,6 +291,90 @@ def print_transport(result: dict) -> None:
         print("  ".join(f"{v:>11}" for v in vals))
 
 
+COMPARE_METHODS = ("gem", "downpour", "sync")
+
+
+def _compare_run(method: str, workers: int, args: argparse.Namespace, out_dir: str) -> dict:
+    """One training run as a real mpirun job; its numbers come from its metrics file."""
+    import shlex
+    import subprocess
+
+    from gem_mpi import analysis
+
+    ranks = workers if method == "sync" else workers + 1
+    # evaluations at the same numbers of samples: sync counts steps of all workers at once
+    eval_every = args.eval_every if method == "sync" else args.eval_every * workers
+    h5 = os.path.join(out_dir, f"{method}.h5")
+    cmd = [*shlex.split(args.mpirun), "-n", str(ranks), sys.executable, "-m", "gem_mpi.train",
+           "--method", method, "--model", args.model, "--dataset", args.dataset,
+           "--max-steps", str(args.max_steps), "--batch-size", str(args.batch_size),
+           "--eval-every", str(eval_every), "--metrics", h5, "--log-every", "30",
+           "--threads", "1", *(["--straggler", args.straggler] if args.straggler else [])]
+    env = dict(os.environ)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    print(f"gem_mpi.bench compare: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    job_s = time.perf_counter() - t0
+    if res.returncode != 0:
+        tail = "\n".join(res.stderr.strip().splitlines()[-5:])
+        raise SystemExit(f"bench compare: the {method} run failed (exit {res.returncode}):\n"
+                         f"{tail}")
+    run = analysis.load_run(h5)
+    wall = analysis.wall_seconds(run)
+    return {"method": method, "ranks": ranks, "workers": workers, "job_s": job_s,
+            "wall_s": wall, "updates": analysis.applied_updates(run),
+            "updates_per_s": analysis.updates_per_second(run),
+            "samples_per_s": analysis.samples_per_second(run),
+            "time_to_target_s": analysis.time_to_accuracy(run, args.target_accuracy),
+            "final_accuracy": analysis.final_test(run).accuracy}
+
+
+def bench_compare(args: argparse.Namespace) -> dict:
+    """Each method trains the same model on the same data streams with the same per-worker
+    budget, one after the other (never at once: they would share the cores)."""
+    if "sync" in args.methods:
+        from gem_mpi.sync import check_horovod
+
+        check_horovod()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gem_compare_") as out_dir:
+        rows = [_compare_run(m, args.workers, args, out_dir) for m in args.methods]
+    base = next((r for r in rows if r["method"] == "sync"), rows[0])
+    for r in rows:
+        r["samples_per_s_vs_base"] = r["samples_per_s"] / base["samples_per_s"]
+        a, b = r["time_to_target_s"], base["time_to_target_s"]
+        r["speedup_to_target_vs_base"] = b / a if a and b else None
+    return {"bench": "compare", "machine": _machine(), "model": args.model,
+            "dataset": args.dataset, "workers": args.workers, "straggler": args.straggler,
+            "max_steps": args.max_steps, "batch_size": args.batch_size,
+            "target_accuracy": args.target_accuracy, "base": base["method"], "rows": rows}
+
+
+def print_compare(result: dict) -> None:
+    slow = result["straggler"] or "none"
+    print(f"gem_mpi.bench compare: {result['machine']}; {result['model']}/{result['dataset']}, "
+          f"{result['workers']} workers × {result['max_steps']} steps × batch "
+          f"{result['batch_size']}, straggler {slow}, target test accuracy "
+          f"{100 * result['target_accuracy']:.0f} %; ratios against {result['base']}")
+    cols = ["method", "ranks", "wall s", "upd/s", "samples/s", "vs base", "to target s",
+            "speedup", "final acc"]
+    print("  ".join(f"{c:>11}" for c in cols))
+    for r in result["rows"]:
+        t = r["time_to_target_s"]
+        sp = r["speedup_to_target_vs_base"]
+        vals = [r["method"], r["ranks"], f"{r['wall_s']:.1f}", f"{r['updates_per_s']:.1f}",
+                f"{r['samples_per_s']:.0f}", f"{r['samples_per_s_vs_base']:.2f}",
+                "not reached" if t is None else f"{t:.1f}",
+                "-" if sp is None else f"{sp:.2f}", f"{100 * r['final_accuracy']:.2f}%"]
+        print("  ".join(f"{v!s:>11}" for v in vals))
+    print("upd/s: applied updates (sync: steps of all workers) per second over the run; "
+          "samples/s: while every worker still ran; speedup: base's time to target over this "
+          "method's")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gem_mpi.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -305,11 +391,29 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("transport", help="Get/Put between 2 ranks under mpirun")
     t.add_argument("--sizes", type=int, nargs="+",
                    default=[10_000, 100_000, 1_000_000, 10_000_000])
-    for p in (k, m, t):
+    c = sub.add_parser("compare", help="GEM vs DOWNPOUR vs synchronous Horovod, each a real "
+                       "mpirun job (run it outside mpirun)")
+    c.add_argument("--methods", nargs="+", default=list(COMPARE_METHODS),
+                   help="methods, one run each; ratios against sync when it is there")
+    c.add_argument("--workers", type=int, default=4)
+    c.add_argument("--straggler", default="2:5", help="WORKER:FACTOR, as gem_mpi.train's "
+                   "option ('' for none)")
+    c.add_argument("--model", default="mnist-cnn")
+    c.add_argument("--dataset", default="fashion-mnist")
+    c.add_argument("--max-steps", type=int, default=300, help="steps per worker")
+    c.add_argument("--batch-size", type=int, default=64)
+    c.add_argument("--eval-every", type=int, default=25, help="evaluate every this many "
+                   "steps per worker (every workers × this many updates when asynchronous)")
+    c.add_argument("--target-accuracy", type=float, default=0.75)
+    c.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
+                   help="launcher command line (one node)")
+    for p in (k, m, t, c):
         p.add_argument("--json", help="write the results to this file too")
     args = parser.parse_args(argv)
     threads = gem.kernel_threads()
-    if args.what == "kernel":
+    if args.what == "compare":
+        result, show = bench_compare(args), print_compare
+    elif args.what == "kernel":
         result, show = bench_kernel(args.sizes, threads, not args.no_torch), print_kernel
     elif args.what == "master":
         result, show = bench_master(args.sizes, args.updates, threads, args.poll_max_ms), print_master

@@ -127,3 +127,28 @@ def test_sync_with_the_numpy_quadratic_is_one_line_and_exit_2():
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi:")]
     assert lines == [("gem_mpi: error: --method sync trains torch models (Horovod): "
                       "--model quadratic is for the asynchronous methods only")]
+
+
+def test_bench_compare_runs_each_method_as_a_real_job(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO, mpi_env
+
+    out = tmp_path / "compare.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "gem_mpi.bench", "compare", "--workers", "2", "--max-steps",
+         "20", "--eval-every", "10", "--methods", "downpour", "sync", "--straggler", "1:2",
+         "--target-accuracy", "0.3", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, check=False, env=mpi_env(), cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    result = json.loads(out.read_text())
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"downpour", "sync"} and result["base"] == "sync"
+    assert rows["downpour"]["updates"] == 40 and rows["sync"]["updates"] == 20
+    assert rows["downpour"]["ranks"] == 3 and rows["sync"]["ranks"] == 2
+    for r in rows.values():
+        assert r["samples_per_s"] > 0 and r["wall_s"] > 0
+    assert rows["sync"]["samples_per_s_vs_base"] == 1.0
+    assert "ratios against sync" in res.stdout and "--straggler 1:2" in res.stderr
