@@ -14,6 +14,7 @@ checkpoint are done again.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -22,7 +23,8 @@ import re
 import h5py
 import numpy as np
 
-from gem_mpi.errors import UsageError
+from gem_mpi.errors import OutputError, UsageError
+from gem_mpi.metrics import h5py_write_errors, os_reason
 
 FORMAT = 1
 NAME = "checkpoint_{clock:012d}.h5"
@@ -40,10 +42,7 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def save(directory: str, theta: np.ndarray, state: dict) -> str:
-    """Write a checkpoint atomically and drop the older ones; returns its path."""
-    final = os.path.join(directory, NAME.format(clock=int(state["clock"])))
-    tmp = final + ".tmp"
+def _write(tmp: str, theta: np.ndarray, state: dict) -> None:
     with h5py.File(tmp, "w") as f:
         f.attrs["gem_mpi_checkpoint"] = FORMAT
         f.create_dataset("theta", data=theta)
@@ -60,8 +59,24 @@ def save(directory: str, theta: np.ndarray, state: dict) -> str:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, final)
-    _fsync_dir(directory)
+
+
+def save(directory: str, theta: np.ndarray, state: dict) -> str:
+    """Write a checkpoint atomically and drop the older ones; returns its path."""
+    final = os.path.join(directory, NAME.format(clock=int(state["clock"])))
+    tmp = final + ".tmp"
+    try:
+        with h5py_write_errors():
+            _write(tmp, theta, state)
+        os.replace(tmp, final)
+        _fsync_dir(directory)
+    except (OSError, RuntimeError) as exc:  # disk full, quota, I/O: the previous one stays
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        before = latest(directory)
+        kept = f"the previous one, {before}, is kept" if before else "there is no earlier one"
+        raise OutputError(f"checkpoint {final!r}: writing failed ({os_reason(exc)}); "
+                          f"{kept}") from None
     for old in glob.glob(os.path.join(directory, "checkpoint_*.h5")):
         if old != final and _PATTERN.search(old):
             os.remove(old)

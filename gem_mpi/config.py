@@ -54,9 +54,14 @@ class Config:
     checkpoint_dir: str | None = None
     checkpoint_every: float = 300.0
     resume: str | None = None
+    min_free_mb: float = 64.0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def min_free_bytes(self) -> int:
+        return int(self.min_free_mb * 2**20)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -133,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
       "checkpoints (0: only when stopped by SIGUSR1/SIGTERM)")
     a("--resume", default=d.resume, help="continue from this checkpoint, or 'auto': the "
       "newest in --checkpoint-dir if there is one, else start afresh")
+    a("--min-free-mb", type=float, default=d.min_free_mb, help="stop the run cleanly (exit "
+      "1, after a checkpoint) when the metrics file's file system has less than this many "
+      "MB free, before a full disk can damage the file (0: no check)")
     return p
 
 
@@ -218,6 +226,7 @@ def validate(cfg: Config, world_size: int) -> None:
          f"--divergence-factor must be > 1, got {cfg.divergence_factor}"),
         (cfg.checkpoint_every >= 0,
          f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
+        (cfg.min_free_mb >= 0, f"--min-free-mb must be >= 0, got {cfg.min_free_mb}"),
     ]
     for ok, message in checks:
         if not ok:  # also catches NaN, which fails every comparison

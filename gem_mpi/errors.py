@@ -11,3 +11,8 @@ class UsageError(GemError):
 
 class DataError(UsageError):
     """A dataset that is missing, truncated or not what it claims to be."""
+
+
+class OutputError(GemError):
+    """An output file could not be written (disk full, quota, I/O error): the run stops
+    cleanly, with the files it leaves readable."""

@@ -16,9 +16,10 @@ import numpy as np
 
 from gem_mpi import checkpoint, gem
 from gem_mpi.config import Config
+from gem_mpi.errors import OutputError
 from gem_mpi.metrics import MetricsWriter
 from gem_mpi.monitor import DivergenceWatch, Evaluator, Progress
-from gem_mpi.problem import Problem, load_theta
+from gem_mpi.problem import Problem, save_final
 from gem_mpi.transport import (
     H_COMPUTE_S,
     H_KIND,
@@ -29,6 +30,7 @@ from gem_mpi.transport import (
     KIND_DONE,
     KIND_UPDATE,
     MPI,
+    SHUTDOWN_ABORT,
     SHUTDOWN_STOP,
     Backoff,
     Layout,
@@ -67,7 +69,7 @@ class Master:
                 rows = (state["rows_updates"], state["rows_eval"], state["rows_rejected"])
             self.metrics = MetricsWriter(
                 cfg.metrics, cfg.as_dict(), problem.names, problem.sizes, self.n_workers,
-                kernel.name, resume_rows=rows,
+                kernel.name, resume_rows=rows, min_free_bytes=cfg.min_free_bytes,
             )
 
     def checkpoint(self, clock: int, elapsed: float) -> str | None:
@@ -76,7 +78,7 @@ class Master:
             return None
         rows = (0, 0, 0)
         if self.metrics is not None:
-            self.metrics.flush()
+            self.metrics.flush(check_space=False)  # the rows must match θ, margin or not
             rows = self.metrics.rows()
         state = {"clock": clock, "tickets": self.ep.tickets(), "next_seq": self.next_seq,
                  "rows_updates": rows[0], "rows_eval": rows[1], "rows_rejected": rows[2],
@@ -87,6 +89,13 @@ class Master:
         return path
 
     def run(self) -> dict:
+        """Serve until every worker is done or the run stops; the summary of the run."""
+        try:
+            return self._serve()
+        except OutputError as exc:
+            return self._output_failed(str(exc))
+
+    def _serve(self) -> dict:
         cfg, ep, P = self.cfg, self.ep, self.problem.n_params
         is_gem = cfg.method == "gem"
         theta = ep.theta
@@ -101,12 +110,15 @@ class Master:
         recent_loss, recent_stale = float("nan"), 0.0
         clock_fn = time.perf_counter
         t0 = clock_fn() - self.start_state["elapsed_s"]  # a resumed run's times continue
+        self._t0, self._clock = t0, clock  # where the run is, should an output fail
         every = cfg.checkpoint_every if cfg.checkpoint_dir else 0.0
         try:
             while done < self.n_workers:
                 if self.stop or (diverged and cfg.stop_on_divergence):
                     stopped = True
                     break
+                if self.metrics is not None and self.metrics.low_space:
+                    raise OutputError(self.metrics.low_space)
                 if every and time.monotonic() - self._last_checkpoint >= every:
                     self.checkpoint(clock, clock_fn() - t0)
                 self._drain_evals()
@@ -153,11 +165,14 @@ class Master:
                         clock += 1
                 ep.end_write(clock)
                 ep.release_all(ready)
+                self._clock = clock
+                for item in applied:  # before any row is written: a failed write then
+                    hi = item[7]      # cannot leave θ and the data positions apart
+                    self.next_seq[int(hi[H_RANK]) - 1] = int(hi[H_SEQ]) + 1
                 tm = clock_fn()
                 timers["mpi"] += tm - ta - sum(item[5] for item in applied)
                 for _slot, ok, at_clock, staleness, stats, apply_s, t_rel, hi, hf, ticket in applied:
                     worker, seq = int(hi[H_RANK]), int(hi[H_SEQ])
-                    self.next_seq[worker - 1] = seq + 1
                     loss = float(hf[H_LOSS])
                     if not ok:
                         rejected += 1
@@ -200,7 +215,7 @@ class Master:
         finally:
             progress.close()
         if cfg.save:
-            self._save(final_theta)
+            save_final(self.problem.model, final_theta, cfg.save)
         self.checkpoint(clock, wall)  # the end is a checkpoint too
         summary = {"updates": clock, "wall_s": wall, "test_loss": test_loss,
                    "test_accuracy": test_acc, "finished": 1.0, "rejected": rejected,
@@ -238,6 +253,28 @@ class Master:
         self.ep.shutdown(SHUTDOWN_STOP)
         return summary
 
+    def _output_failed(self, reason: str) -> dict:
+        """An output file could not be written (or space ran low): stop every rank with an
+        error, leaving a checkpoint where one can still be written and a readable metrics
+        file (or none)."""
+        clock, wall = self._clock, time.perf_counter() - self._t0
+        summary = {"updates": clock, "wall_s": wall, "finished": 0.0, "error": 1.0}
+        notes = []
+        try:
+            path = self.checkpoint(clock, wall)
+            notes.append(f"checkpoint {path}: free space, then --resume auto" if path
+                         else "no --checkpoint-dir, so no checkpoint")
+        except OutputError as exc:
+            notes.append(str(exc))
+        if self.metrics is not None:
+            try:
+                self.metrics.close(summary)
+            except OutputError as exc:
+                notes.append(str(exc))
+        _say(f"error: stopped at update {clock}: {reason}; " + "; ".join(notes))
+        self.ep.shutdown(SHUTDOWN_ABORT)
+        return summary
+
     def _status(self, loss: float, staleness: float, done: int) -> str:
         return f"loss {loss:.4f} staleness {staleness:.1f} workers done {done}/{self.n_workers}"
 
@@ -265,17 +302,3 @@ class Master:
                                    "test_accuracy": acc})
         if self.cfg.verbose:
             _say(f"eval at update {clock}: test loss {loss:.4f}, accuracy {acc:.4f}")
-
-    def _save(self, theta: np.ndarray) -> None:
-        import os
-
-        tmp = self.cfg.save + ".tmp"
-        if self.problem.model is not None:
-            import torch
-
-            load_theta(self.problem.model, theta)
-            torch.save(self.problem.model.state_dict(), tmp)
-        else:
-            with open(tmp, "wb") as f:
-                np.save(f, theta)
-        os.replace(tmp, self.cfg.save)

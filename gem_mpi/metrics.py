@@ -8,9 +8,14 @@ is documented in docs/METRICS.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import platform
+import shutil
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import h5py
@@ -132,14 +137,22 @@ class MetricsWriter:
         kernel: str,
         flush_seconds: float = 2.0,
         resume_rows: tuple[int, int, int] | None = None,
+        min_free_bytes: int = 0,
     ) -> None:
         self.path = path
         self.flush_seconds = flush_seconds
+        self.min_free_bytes = min_free_bytes
+        # set when the file system runs low: rows then wait in memory, and the run's owner
+        # stops (checked like a stop signal) and closes the file while it still fits
+        self.low_space: str | None = None
+        self.closed = False
         self.summary_fields = summary_fields(config["method"])
         if resume_rows is not None:
             self._reopen(resume_rows)
             return
-        self._f = h5py.File(path, "w", libver="latest")
+        # no chunk cache: a failed write (disk full) then raises at once, in our call,
+        # instead of when HDF5 evicts the chunk later, or at exit
+        self._f = h5py.File(path, "w", libver="latest", rdcc_nbytes=0)
         f = self._f
         f.attrs["gem_mpi_schema"] = SCHEMA_VERSION
         f.attrs["config"] = json.dumps(config, sort_keys=True)
@@ -172,7 +185,7 @@ class MetricsWriter:
         from gem_mpi.errors import UsageError
 
         try:
-            self._f = h5py.File(self.path, "r+", libver="latest")
+            self._f = h5py.File(self.path, "r+", libver="latest", rdcc_nbytes=0)
         except OSError as exc:
             raise UsageError(f"--metrics {self.path!r}: cannot reopen to resume ({exc})") from None
         f = self._f
@@ -219,21 +232,111 @@ class MetricsWriter:
         self.evals.append(row)
         self.flush()
 
-    def flush(self) -> None:
-        self.updates.write()
-        self.evals.write()
-        if self.rejected is not None:
-            self.rejected.write()
-        self._f.flush()
+    def flush(self, check_space: bool = True) -> None:
         self._last_flush = time.monotonic()
+        if self.closed or check_space and self._space_is_low():
+            return
+        good = self.rows()
+        try:
+            with h5py_write_errors():
+                self.updates.write()
+                self.evals.write()
+                if self.rejected is not None:
+                    self.rejected.write()
+                self._f.flush()
+        except (OSError, RuntimeError) as exc:
+            self._fail(exc, good)
+
+    def _space_is_low(self) -> bool:
+        if self.low_space is None and self.min_free_bytes > 0:
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(self.path))).free
+            if free < self.min_free_bytes:
+                self.low_space = (f"--metrics {self.path!r}: only {free / 2**20:.1f} MB left on "
+                                  f"its file system, below --min-free-mb "
+                                  f"{self.min_free_bytes / 2**20:g}")
+        return self.low_space is not None
+
+    def _fail(self, exc: BaseException, good: tuple[int, int, int]) -> None:
+        """A write failed (disk full, quota, I/O error). HDF5 may have recorded rows whose
+        data never reached the disk (they would read back as zeros): cut every table back
+        to the rows known written, or remove the file if even that fails, and say which."""
+        self.closed = True
+        with contextlib.suppress(Exception), h5py_write_errors():
+            self._f.close()
+        try:
+            with h5py_write_errors(), h5py.File(self.path, "r+", libver="latest") as f:
+                for name, count in zip(("updates", "eval", "rejected"), good):
+                    for ds in f[name].values() if name in f else ():
+                        ds.resize(min(count, ds.shape[0]), axis=0)
+            with h5py.File(self.path, "r", libver="latest") as f:
+                kept = (f"it keeps the {f['updates/clock'].shape[0]} rows written before, "
+                        "marked unfinished")
+            self.updates.written, self.evals.written = good[0], good[1]
+            if self.rejected is not None:
+                self.rejected.written = good[2]
+        except Exception:  # noqa: BLE001 - whatever went wrong, the file cannot be trusted
+            with contextlib.suppress(OSError):
+                os.remove(self.path)
+            kept = "it could not be repaired and was removed"
+        from gem_mpi.errors import OutputError
+
+        raise OutputError(f"--metrics {self.path!r}: writing failed ({os_reason(exc)}); "
+                          f"{kept}") from None
 
     def close(self, summary: dict) -> None:
-        """Write the summary and close; a file without a finished summary was cut short."""
-        self.flush()
-        for name in self.summary_fields:
-            self._f["summary"][name][()] = float(summary.get(name, np.nan))
-        self._f.flush()
-        self._f.close()
+        """Write the summary and close; a file without a finished summary was cut short.
+        Pending rows are written even when space is low: the margin is there for this."""
+        if self.closed:
+            return
+        self.flush(check_space=False)
+        if self.closed:  # that flush failed
+            return
+        good = self.rows()
+        try:
+            with h5py_write_errors():
+                for name in self.summary_fields:
+                    self._f["summary"][name][()] = float(summary.get(name, np.nan))
+                self._f.flush()
+                self._f.close()
+        except (OSError, RuntimeError) as exc:
+            self._fail(exc, good)
+        self.closed = True
+
+
+def os_reason(exc: BaseException) -> str:
+    """The OS's words for a failed write, without HDF5's internals around them."""
+    text = str(exc)
+    for marker in ("error message = '", "] "):
+        if marker in text:
+            tail = text.split(marker, 1)[1]
+            return tail.split("'", 1)[0] if marker.startswith("error") else tail.split("(")[0]
+    return text.strip() or type(exc).__name__
+
+
+@contextlib.contextmanager
+def h5py_write_errors() -> Iterator[None]:
+    """Raise the first write error h5py hit inside the block. h5py writes some data when an
+    object is freed and reports a failure there only by printing it (a traceback on stderr,
+    then nothing): collect those instead, so that the caller sees one exception."""
+    import gc
+    import io
+
+    errors: list[BaseException] = []
+    printed = io.StringIO()
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda info: errors.append(info.exc_value)
+    try:
+        with contextlib.redirect_stderr(printed):
+            yield
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    if errors:
+        raise errors[0]
+    text = printed.getvalue()
+    if "Error" in text:
+        raise OSError(text.strip().splitlines()[-1])
+    sys.stderr.write(text)
 
 
 def read_run(path: str) -> dict:

@@ -65,3 +65,28 @@ def load_theta(model: object, theta: np.ndarray) -> None:
             n = p.numel()
             p.copy_(flat[offset:offset + n].view_as(p))
             offset += n
+
+
+def save_final(model: object | None, theta: np.ndarray, path: str) -> None:
+    """--save: a torch model's state_dict (θ loaded into it), or θ as .npy for the quadratic;
+    written to a temporary file, then renamed, so a failed write leaves no partial file."""
+    import contextlib
+    import os
+
+    from gem_mpi.errors import OutputError
+
+    tmp = path + ".tmp"
+    try:
+        if model is not None:
+            import torch
+
+            load_theta(model, theta)
+            torch.save(model.state_dict(), tmp)
+        else:
+            with open(tmp, "wb") as f:
+                np.save(f, theta)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:  # torch.save says RuntimeError for ENOSPC
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise OutputError(f"--save {path!r}: writing failed ({exc})") from None

@@ -7,8 +7,9 @@ gradients over our mpi4py communicator, and each worker reads the same data stre
 worker number rank + 1 of an asynchronous run, so that the methods see the same data.
 
 Besides Horovod's allreduce, each step does one small ``Allgather`` of (loss, compute
-seconds, stop, diverged) over mpi4py: it gives rank 0 the metrics row and makes every rank
-agree, at the same step, on a stop signal that reached any rank or on divergence. Rank 0
+seconds, stop, output error) over mpi4py: it gives rank 0 the metrics row and makes every
+rank agree, at the same step, on a stop signal that reached any rank or on rank 0's failure
+to write its outputs (divergence each rank decides alike from the same numbers). Rank 0
 evaluates, prints progress, writes the metrics file and the checkpoints (θ and the momentum
 buffer, identical on every rank).
 """
@@ -24,16 +25,16 @@ import numpy as np
 
 from gem_mpi import checkpoint
 from gem_mpi.config import Config, straggler
-from gem_mpi.errors import UsageError
+from gem_mpi.errors import OutputError, UsageError
 from gem_mpi.metrics import MetricsWriter
 from gem_mpi.monitor import DivergenceWatch, Evaluator, Progress
-from gem_mpi.problem import Problem, build_problem, load_theta
+from gem_mpi.problem import Problem, build_problem, load_theta, save_final
 from gem_mpi.transport import MPI
 from gem_mpi.worker import data_stream, seed_dropout, torch_device
 
 ROOT = 0
 # the per-step Allgather row: what rank 0 records and what every rank must agree on
-_LOSS, _COMPUTE, _STOP, _DIVERGED = range(4)
+_LOSS, _COMPUTE, _STOP, _ERROR = range(4)
 
 
 def check_horovod() -> None:
@@ -178,6 +179,7 @@ class _SyncLoop:
         self.evaluator = None
         self._last_eval: tuple = (-1, float("nan"), float("nan"))
         self._last_checkpoint = time.monotonic()
+        self.error: str | None = None  # rank 0 could not write an output: stop, exit 1
         if not self.root:
             return
         # the evaluator loads θ snapshots into a model of its own, apart from the trained one
@@ -189,6 +191,7 @@ class _SyncLoop:
             self.metrics = MetricsWriter(
                 cfg.metrics, cfg.as_dict(), problem.names, problem.sizes, self.n,
                 "horovod allreduce (average)", resume_rows=rows,
+                min_free_bytes=cfg.min_free_bytes,
             )
 
     def run(self, start: int) -> dict:
@@ -207,7 +210,10 @@ class _SyncLoop:
         try:
             while step < trainer.steps:
                 loss, compute_s, allreduce_s = trainer.step()
-                mine[:] = (loss, compute_s, 1.0 if self.stop else 0.0, 0.0)
+                if self.metrics is not None and self.metrics.low_space and not self.error:
+                    self.error = self.metrics.low_space
+                mine[:] = (loss, compute_s, 1.0 if self.stop else 0.0,
+                           1.0 if self.error else 0.0)
                 comm.Allgather(mine, rows)
                 step += 1
                 losses = rows[:, _LOSS]
@@ -219,12 +225,16 @@ class _SyncLoop:
                 compute_total += float(np.max(rows[:, _COMPUTE]))
                 allreduce_total += allreduce_s
                 now = time.perf_counter() - t0
-                if self.root:
-                    self._record(step, now, losses, float(np.max(rows[:, _COMPUTE])),
-                                 allreduce_s)
+                if self.root and not rows[:, _ERROR].any():
+                    try:
+                        self._record(step, now, losses, float(np.max(rows[:, _COMPUTE])),
+                                     allreduce_s)
+                    except OutputError as exc:  # the others learn it at the next step
+                        self.error = str(exc)
                     progress.update(step, (step - start) / max(now - self.elapsed0, 1e-9),
                                     f"loss {recent_loss:.4f} workers {self.n}")
-                if rows[:, _STOP].any() or (diverged and cfg.stop_on_divergence):
+                failed = bool(rows[:, _ERROR].any())
+                if failed or rows[:, _STOP].any() or (diverged and cfg.stop_on_divergence):
                     stopped = True
                     break
                 if every and self.root and time.monotonic() - self._last_checkpoint >= every:
@@ -236,8 +246,18 @@ class _SyncLoop:
         summary = {"updates": step, "wall_s": wall, "finished": 0.0 if stopped else 1.0,
                    "diverged": 1.0 if diverged else 0.0, "compute_s": compute_total,
                    "allreduce_s": allreduce_total}
+        if stopped and failed:
+            summary["error"] = 1.0
+            if self.root:
+                self._output_failed(summary, step, wall)
+            return summary
         if self.root:
-            self._finish(summary, step, wall, stopped, diverged)
+            try:
+                self._finish(summary, step, wall, stopped, diverged)
+            except OutputError as exc:  # the end's own writes; the others have left already
+                self.error = str(exc)
+                self._output_failed(summary, step, wall)
+                summary["error"] = 1.0
         return summary
 
     def _theta_if_due(self, step: int) -> np.ndarray:
@@ -275,7 +295,7 @@ class _SyncLoop:
             return None
         rows = (0, 0, 0)
         if self.metrics is not None:
-            self.metrics.flush()
+            self.metrics.flush(check_space=False)  # the rows must match θ, margin or not
             rows = self.metrics.rows()
         state = {"clock": step, "tickets": step, "next_seq": np.full(self.n, step, np.int64),
                  "rows_updates": rows[0], "rows_eval": rows[1], "rows_rejected": 0,
@@ -284,6 +304,22 @@ class _SyncLoop:
         path = checkpoint.save(self.cfg.checkpoint_dir, self.trainer.theta(), state)
         self._last_checkpoint = time.monotonic()
         return path
+
+    def _output_failed(self, summary: dict, step: int, wall: float) -> None:
+        summary.update(finished=0.0, error=1.0)
+        notes = []
+        try:
+            path = self._checkpoint(step, wall)
+            notes.append(f"checkpoint {path}: free space, then --resume auto" if path
+                         else "no --checkpoint-dir, so no checkpoint")
+        except OutputError as exc:
+            notes.append(str(exc))
+        if self.metrics is not None:
+            try:
+                self.metrics.close(summary)
+            except OutputError as exc:
+                notes.append(str(exc))
+        _say(f"error: stopped at step {step}: {self.error}; " + "; ".join(notes))
 
     def _finish(self, summary: dict, step: int, wall: float, stopped: bool,
                 diverged: str | None) -> None:
@@ -312,19 +348,10 @@ class _SyncLoop:
             self._record_eval(wall, step, test_loss, test_acc)
         summary.update(test_loss=test_loss, test_accuracy=test_acc)
         if self.cfg.save:
-            _save_model(self.evaluator.problem.model, theta, self.cfg.save)
+            save_final(self.evaluator.problem.model, theta, self.cfg.save)
         self._checkpoint(step, wall)
         if self.metrics is not None:
             self.metrics.close(summary)
         _say(f"done: {step} synchronous steps of {self.n} workers in {wall:.1f} s "
              f"({step / max(wall - self.elapsed0, 1e-9):.2f} steps/s), test loss "
              f"{test_loss:.4f}, test accuracy {100 * test_acc:.2f} %")
-
-
-def _save_model(model: object, theta: np.ndarray, path: str) -> None:
-    import torch
-
-    load_theta(model, theta)
-    tmp = path + ".tmp"
-    torch.save(model.state_dict(), tmp)
-    os.replace(tmp, path)

@@ -29,7 +29,7 @@ def _mpi_thread_level(argv: list[str]) -> str:
 if __name__ == "__main__":  # before transport starts MPI
     os.environ.setdefault("GEM_MPI_THREAD_LEVEL", _mpi_thread_level(sys.argv[1:]))
 
-from gem_mpi.transport import MASTER, MPI, Layout, soft_barrier
+from gem_mpi.transport import MASTER, MPI, SHUTDOWN_ABORT, Layout, soft_barrier
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
@@ -130,6 +130,8 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> int:
         from gem_mpi.sync import run_sync
 
         summary = run_sync(cfg, comm, problem, placement, stop, resumed)
+        if summary.get("error"):
+            return EXIT_ERROR
         if summary["diverged"]:
             return EXIT_DIVERGED
         return EXIT_STOPPED if not summary["finished"] else 0
@@ -152,14 +154,17 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> int:
             + (f"; resuming {resumed[0]} at update {resumed[2]['clock']}" if resumed else "")
         )
         summary = Master(cfg, comm, layout, problem, kernel, stop, resumed).run()
+        if summary.get("error"):
+            return EXIT_ERROR
         if summary.get("diverged"):
             return EXIT_DIVERGED
         return EXIT_STOPPED if not summary["finished"] else 0
     from gem_mpi.worker import run_worker
 
-    run_worker(cfg, comm, layout, problem, placement,
-               start_seq=0 if start_seqs is None else start_seqs[rank - 1])
-    return 0
+    code = run_worker(cfg, comm, layout, problem, placement,
+                      start_seq=0 if start_seqs is None else start_seqs[rank - 1])
+    # the master alone reports stops and their exit codes; an abort fails every rank
+    return EXIT_ERROR if code == SHUTDOWN_ABORT else 0
 
 
 def launch(argv: list[str] | None = None) -> int:

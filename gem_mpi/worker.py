@@ -147,8 +147,9 @@ class _TorchSteps:
 
 
 def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
-               placement: tuple[int, int], start_seq: int = 0) -> None:
-    """Train until the data budget is used (or the master stops the run early).
+               placement: tuple[int, int], start_seq: int = 0) -> int:
+    """Train until the data budget is used (or the master stops the run early); returns the
+    master's shutdown code (transport.SHUTDOWN_*).
 
     ``start_seq`` > 0 resumes from a checkpoint: the first ``start_seq`` updates of this
     worker were applied before it, so its data stream continues after them.
@@ -195,5 +196,6 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
                   f"waited {t_wait:.1f} s", file=sys.stderr, flush=True)
     if not stopped:
         ep.commit(KIND_DONE, steps_fn.steps, version)
-    ep.wait_shutdown()
+    code = ep.wait_shutdown()
     ep.close()
+    return code
