@@ -7,9 +7,11 @@ It is written to a temporary file, flushed and fsync'ed, then renamed over; the 
 checkpoint is deleted only after that, so a valid one exists at every moment.
 
 --method sync also stores the optimizer's momentum buffer (one flat array like θ), so its
-resume continues exactly. What an asynchronous resume does not restore: a GEM worker's
-momentum m restarts at 0 (it lives on the worker), and the updates applied after the
-checkpoint are done again.
+resume continues exactly. A GEM worker's momentum m lives on the worker: when a run is
+stopped (SIGUSR1/SIGTERM), each GEM worker writes its own file beside the checkpoint
+(``momentum_w<rank>.h5``, atomically), and a resume restores it where it holds exactly the
+updates the checkpoint counts for that worker. After a crash, the periodic checkpoint has
+no such files and m restarts at 0; the updates applied after the checkpoint are done again.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import glob
 import json
 import os
 import re
+import sys
 
 import h5py
 import numpy as np
@@ -81,6 +84,50 @@ def save(directory: str, theta: np.ndarray, state: dict) -> str:
         if old != final and _PATTERN.search(old):
             os.remove(old)
     return final
+
+
+WORKER_MOMENTUM = "momentum_w{rank:05d}.h5"
+
+
+def save_worker_momentum(directory: str, rank: int, folded: int, m: np.ndarray,
+                         prev: np.ndarray, config: dict) -> None:
+    """A stopping GEM worker's m (holding its first ``folded`` updates) and the m before the
+    last of them; atomically, like a checkpoint. A failure is reported, not raised: the
+    master's checkpoint is what matters, and m would merely restart at 0."""
+    final = os.path.join(directory, WORKER_MOMENTUM.format(rank=rank))
+    tmp = final + ".tmp"
+    try:
+        with h5py_write_errors(), h5py.File(tmp, "w") as f:
+            f.attrs["folded"] = int(folded)
+            f.attrs["config"] = json.dumps({k: config.get(k) for k in MUST_MATCH},
+                                           sort_keys=True)
+            f.create_dataset("m", data=m)
+            f.create_dataset("prev", data=prev)
+        os.replace(tmp, final)
+    except (OSError, RuntimeError) as exc:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        print(f"gem_mpi: worker {rank}: could not save its momentum ({os_reason(exc)}); a "
+              "resume restarts it at 0", file=sys.stderr, flush=True)
+
+
+def load_worker_momentum(directory: str, rank: int, start_seq: int,
+                         config: dict) -> np.ndarray | None:
+    """The saved m holding exactly this worker's first ``start_seq`` updates, or None."""
+    path = os.path.join(directory, WORKER_MOMENTUM.format(rank=rank))
+    try:
+        with h5py.File(path, "r") as f:
+            same_run = json.loads(f.attrs["config"]) == {k: config.get(k) for k in MUST_MATCH}
+            folded = int(f.attrs["folded"])
+            if not same_run:
+                return None
+            if folded == start_seq:
+                return f["m"][()]
+            if folded - 1 == start_seq:
+                return f["prev"][()]
+    except (OSError, KeyError, ValueError):
+        return None
+    return None
 
 
 def latest(directory: str) -> str | None:

@@ -151,7 +151,8 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> int:
         _say(
             f"{cfg.method} on {cfg.model}/{cfg.dataset}: 1 master + {layout.n_workers} workers, "
             f"{problem.n_params} parameters, master kernel: {kernel.name}"
-            + (f"; resuming {resumed[0]} at update {resumed[2]['clock']}" if resumed else "")
+            + (f"; resuming {resumed[0]} at update {resumed[2]['clock']}"
+               + _momentum_note(cfg, resumed[2]) if resumed else "")
         )
         summary = Master(cfg, comm, layout, problem, kernel, stop, resumed).run()
         if summary.get("error"):
@@ -165,6 +166,21 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> int:
                       start_seq=0 if start_seqs is None else start_seqs[rank - 1])
     # the master alone reports stops and their exit codes; an abort fails every rank
     return EXIT_ERROR if code == SHUTDOWN_ABORT else 0
+
+
+def _momentum_note(cfg: config.Config, state: dict) -> str:
+    """How many GEM workers will find the momentum they saved when the run was stopped."""
+    if cfg.method != "gem":
+        return ""
+    from gem_mpi import checkpoint
+
+    seqs = state["next_seq"]
+    found = sum(
+        checkpoint.load_worker_momentum(cfg.checkpoint_dir, w + 1, int(seqs[w]),
+                                        cfg.as_dict()) is not None
+        for w in range(len(seqs)) if seqs[w] > 0
+    ) if cfg.checkpoint_dir else 0
+    return f", worker momentum restored for {found} of {len(seqs)} workers (the rest start at 0)"
 
 
 def launch(argv: list[str] | None = None) -> int:

@@ -12,12 +12,21 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
+from gem_mpi import checkpoint
 from gem_mpi.config import Config, straggler
 from gem_mpi.problem import Problem
-from gem_mpi.transport import KIND_DONE, KIND_UPDATE, MPI, Layout, WorkerEndpoint
+from gem_mpi.transport import (
+    KIND_DONE,
+    KIND_UPDATE,
+    MPI,
+    SHUTDOWN_STOP,
+    Layout,
+    WorkerEndpoint,
+)
 
 
 def local_placement(comm: MPI.Intracomm) -> tuple[int, int]:
@@ -68,6 +77,33 @@ def data_stream(cfg: Config, worker: int, n_workers: int, start_seq: int = 0) ->
     return steps, batches
 
 
+@dataclass
+class Momentum:
+    """A GEM worker's proxy momentum m (numpy or torch), its value before the last update
+    was folded in, and how many of this worker's updates it holds: on a stop the worker
+    saves both values, and a resume takes the one holding exactly the updates the master
+    had applied (the last commit may or may not have been)."""
+
+    m: object
+    prev: object
+    folded: int = 0
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        def host(x: object) -> np.ndarray:
+            return x if isinstance(x, np.ndarray) else x.detach().cpu().numpy()
+
+        return host(self.m), host(self.prev)
+
+    def restore(self, values: np.ndarray, folded: int) -> None:
+        if isinstance(self.m, np.ndarray):
+            self.m[...] = values
+        else:
+            import torch
+
+            self.m.copy_(torch.from_numpy(values))
+        self.folded = folded
+
+
 class _QuadraticSteps:
     """Δθ of the numpy quadratic problem; used by the invariant tests."""
 
@@ -81,13 +117,15 @@ class _QuadraticSteps:
     def __call__(self, theta: np.ndarray) -> tuple[np.ndarray, float]:
         return self.q.step(theta, self.target, self.lr)
 
-    def momentum(self) -> tuple:
-        return np.zeros(self.q.dim, np.float32), None
+    def momentum(self) -> Momentum:
+        return Momentum(np.zeros(self.q.dim, np.float32), np.zeros(self.q.dim, np.float32))
 
-    def gem_parts(self, delta: np.ndarray, state: tuple, cfg: Config) -> np.ndarray:
-        m, _ = state
+    def gem_parts(self, delta: np.ndarray, state: Momentum, cfg: Config) -> np.ndarray:
+        m = state.m
+        state.prev[...] = m
         m *= np.float32(cfg.momentum)
         m += delta
+        state.folded += 1
         return np.float32(cfg.kappa) * np.abs(m)
 
 
@@ -136,12 +174,14 @@ class _TorchSteps:
         value = float(loss.detach())  # synchronises the device, so the host copy is done
         return self._delta_host.numpy(), value
 
-    def momentum(self) -> tuple:
-        return self.torch.zeros_like(self._grad), None
+    def momentum(self) -> Momentum:
+        return Momentum(self.torch.zeros_like(self._grad), self.torch.zeros_like(self._grad))
 
-    def gem_parts(self, delta: np.ndarray, state: tuple, cfg: Config) -> np.ndarray:
-        m, _ = state
+    def gem_parts(self, delta: np.ndarray, state: Momentum, cfg: Config) -> np.ndarray:
+        m = state.m
+        state.prev.copy_(m)
         m.mul_(cfg.momentum).add_(self._grad)
+        state.folded += 1
         self._a_host.copy_(m.abs().mul_(cfg.kappa))
         return self._a_host.numpy()
 
@@ -164,6 +204,13 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
     ep = WorkerEndpoint(comm, layout, poll_limit=cfg.poll_max_ms / 1000.0)
     is_gem = cfg.method == "gem"
     state = steps_fn.momentum() if is_gem else None
+    if state is not None:
+        state.folded = start_seq
+        if start_seq and cfg.checkpoint_dir:  # a stopped run's momentum, if it matches
+            found = checkpoint.load_worker_momentum(cfg.checkpoint_dir, rank, start_seq,
+                                                    cfg.as_dict())
+            if found is not None:
+                state.restore(found, start_seq)
     if cfg.verbose:
         print(f"gem_mpi: worker {rank}: steps {start_seq}..{steps_fn.steps} on "
               f"{steps_fn.device}", file=sys.stderr, flush=True)
@@ -198,4 +245,8 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
         ep.commit(KIND_DONE, steps_fn.steps, version)
     code = ep.wait_shutdown()
     ep.close()
+    if code == SHUTDOWN_STOP and state is not None and cfg.checkpoint_dir:
+        m, prev = state.arrays()
+        checkpoint.save_worker_momentum(cfg.checkpoint_dir, rank, state.folded, m, prev,
+                                        cfg.as_dict())
     return code

@@ -19,6 +19,7 @@ from conftest import rank_pids, train, train_background
 from test_train_invariants import replay_fixed
 
 from gem_mpi.metrics import read_run
+from gem_mpi.quadratic import Quadratic
 
 DIM, STEPS, WORKERS, LR = 2000, 15000, 4, 0.05
 
@@ -112,3 +113,49 @@ def test_incompatible_or_corrupt_checkpoint_is_one_line(tmp_path):
     assert res.returncode != 0
     assert res.stderr.count("not a readable checkpoint") == 1
     assert "Traceback" not in res.stderr
+
+
+def _replay_gem(u: dict, dim: int, lr: float, mu: float) -> np.ndarray:
+    """Algorithm 1 over the whole log: each worker's m runs on across the resume, so the
+    result matches the run only if the resumed workers got their m back."""
+    f32 = np.float32
+    q = Quadratic(dim, 0)
+    theta = q.theta0()
+    versions = {0: theta}
+    m = {w: np.zeros(dim, f32) for w in set(u["worker"].tolist())}
+    for clock, (w, pulled) in enumerate(zip(u["worker"], u["version_pulled"])):
+        s = versions[pulled]
+        delta = f32(-lr) * (q.h * (s - q.target(w)))
+        m[w] = f32(mu) * m[w] + delta
+        pi = (np.abs(m[w]) - np.abs(theta - s)) / (np.abs(delta) + f32(1e-16))
+        theta = theta + np.clip(pi, f32(0.0), f32(PI_MAX)) * delta
+        versions[clock + 1] = theta
+        versions.pop(clock - 1000, None)
+    return theta
+
+
+PI_MAX = 50.0  # high enough that π is rarely clamped: θ then depends on every bit of m
+
+
+def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path):
+    steps = 8000
+    args = [a if a != "downpour" else "gem" for a in _args(tmp_path, "--pi-max", str(PI_MAX))]
+    args[args.index("--max-steps") + 1] = str(steps)
+    proc = train_background(WORKERS + 1, *args)
+    try:
+        _wait_for_checkpoint(proc, tmp_path)
+        proc.send_signal(signal.SIGUSR1)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 3, err
+    assert len(list(tmp_path.glob("momentum_w*.h5"))) == WORKERS
+    assert not list(tmp_path.glob("*.tmp"))
+    res = train(WORKERS + 1, *args, "--resume", "auto", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert f"worker momentum restored for {WORKERS} of {WORKERS} workers" in res.stderr
+    u = read_run(str(tmp_path / "run.h5"))["updates"]
+    assert u["clock"].tolist() == list(range(WORKERS * steps))
+    theta = _replay_gem(u, DIM, LR, 0.9)
+    assert np.array_equal(np.load(tmp_path / "theta.npy"), theta)
