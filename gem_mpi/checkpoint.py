@@ -3,6 +3,9 @@
 A checkpoint is an HDF5 file (no pickle): the central parameters θ, the master clock and
 ticket counter, each worker's next update number (its place in its data budget), how many
 rows the metrics file held, the seconds already trained, and the run's configuration.
+No RNG state needs storing: every random draw (θ₀, each worker's shuffles, dropout masks)
+is a function of (--seed, worker, epoch or step), so a resumed worker draws what the
+uninterrupted one would have.
 It is written to a temporary file, flushed and fsync'ed, then renamed over; the previous
 checkpoint is deleted only after that, so a valid one exists at every moment.
 

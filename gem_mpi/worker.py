@@ -51,7 +51,7 @@ def torch_device(cfg: Config, local_rank: int, local_size: int) -> object:
     return device
 
 
-def seed_dropout(cfg: Config, worker: int, step: int = 0) -> None:
+def seed_dropout(cfg: Config, worker: int, step: int) -> None:
     """Each worker its own dropout masks (θ₀ came from --seed alone, before this); seeded
     per step, a resumed run draws the masks the uninterrupted one would have."""
     import torch
@@ -114,7 +114,7 @@ class _QuadraticSteps:
         self.steps = cfg.max_steps or cfg.epochs * max(1, cfg.synthetic_size // cfg.batch_size)
         self.device = "cpu (numpy)"
 
-    def __call__(self, theta: np.ndarray) -> tuple[np.ndarray, float]:
+    def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
         return self.q.step(theta, self.target, self.lr)
 
     def momentum(self) -> Momentum:
@@ -139,7 +139,7 @@ class _TorchSteps:
 
         self.torch, self.F = torch, F
         self.device = torch_device(cfg, local_rank, local_size)
-        seed_dropout(cfg, rank)
+        self.cfg, self.rank = cfg, rank
         self.model = problem.model.to(self.device)
         self.model.train()
         self.params = list(self.model.parameters())
@@ -153,8 +153,9 @@ class _TorchSteps:
         self.steps, self.batches = data_stream(cfg, rank, n_workers, start_seq)
         self.lr = cfg.lr
 
-    def __call__(self, theta: np.ndarray) -> tuple[np.ndarray, float]:
+    def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
         torch = self.torch
+        seed_dropout(self.cfg, self.rank, seq)  # randomness a function of (seed, worker, step)
         self._flat.copy_(torch.from_numpy(theta), non_blocking=True)
         offset = 0
         with torch.no_grad():
@@ -221,7 +222,7 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
     stopped = False
     for seq in range(start_seq, steps_fn.steps):
         t0 = time.perf_counter()
-        delta, loss = steps_fn(ep.theta)
+        delta, loss = steps_fn(ep.theta, seq)
         if is_gem:
             a = steps_fn.gem_parts(delta, state, cfg)
             parts = (delta, a, ep.theta)  # s: the θ this Δθ was computed on

@@ -18,6 +18,7 @@ import numpy as np
 from conftest import rank_pids, train, train_background
 from test_train_invariants import replay_fixed
 
+from gem_mpi import checkpoint
 from gem_mpi.metrics import read_run
 from gem_mpi.quadratic import Quadratic
 
@@ -74,6 +75,27 @@ def test_stop_signal_checkpoints_and_resume_finishes_exactly(tmp_path):
     res = train(WORKERS + 1, *_args(tmp_path, "--resume", "auto"), timeout=300)
     assert res.returncode == 0, res.stderr
     assert "resuming" in res.stderr
+    _check_whole_run(tmp_path)
+
+
+def test_sigterm_to_the_whole_job_leaves_a_checkpoint_and_resume_finishes(tmp_path):
+    """What a scheduler does at a time limit or a cancel: SIGTERM to every process of the job
+    (mpirun and the ranks). The master checkpoints at once; mpirun then ends the ranks."""
+    proc = train_background(WORKERS + 1, *_args(tmp_path))
+    try:
+        _wait_for_checkpoint(proc, tmp_path)
+        first = checkpoint.latest(str(tmp_path))
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert "stopped by signal 15 at update" in err  # the master's own stop checkpoint
+    assert checkpoint.latest(str(tmp_path)) != first
+    assert not list(tmp_path.glob("*.tmp"))
+    res = train(WORKERS + 1, *_args(tmp_path, "--resume", "auto"), timeout=300)
+    assert res.returncode == 0, res.stderr
     _check_whole_run(tmp_path)
 
 
