@@ -55,6 +55,7 @@ class Config:
     checkpoint_every: float = 300.0
     resume: str | None = None
     min_free_mb: float = 64.0
+    worker_timeout: float = 1800.0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -141,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--min-free-mb", type=float, default=d.min_free_mb, help="stop the run cleanly (exit "
       "1, after a checkpoint) when the metrics file's file system has less than this many "
       "MB free, before a full disk can damage the file (0: no check)")
+    a("--worker-timeout", type=float, default=d.worker_timeout, help="end the job (after a "
+      "checkpoint, naming the worker) when a worker has sent nothing for this many seconds: "
+      "stuck, not just slow (0: never)")
     return p
 
 
@@ -227,6 +231,7 @@ def validate(cfg: Config, world_size: int) -> None:
         (cfg.checkpoint_every >= 0,
          f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
         (cfg.min_free_mb >= 0, f"--min-free-mb must be >= 0, got {cfg.min_free_mb}"),
+        (cfg.worker_timeout >= 0, f"--worker-timeout must be >= 0, got {cfg.worker_timeout}"),
     ]
     for ok, message in checks:
         if not ok:  # also catches NaN, which fails every comparison

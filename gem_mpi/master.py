@@ -7,6 +7,7 @@ runs in a background thread on a copy of θ so that the apply loop keeps serving
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -40,6 +41,36 @@ from gem_mpi.transport import (
 
 def _say(text: str) -> None:
     print(f"gem_mpi: {text}", file=sys.stderr, flush=True)
+
+
+class _Watchdog:
+    """Ends the job when a worker has sent nothing for --worker-timeout seconds.
+
+    A dead worker ends the job through mpirun at once; a stuck one (a hung data loader, a
+    lost GPU, a frozen node) would hold it until the time limit. The master checkpoints,
+    names the worker, and aborts the job: MPI_Abort, because a stuck rank never takes part
+    in the collective window free of a normal shutdown."""
+
+    def __init__(self, master: Master, timeout: float) -> None:
+        self.master = master
+        self.timeout = timeout
+        self.last = np.full(master.n_workers, time.monotonic())
+        self.finished = np.zeros(master.n_workers, dtype=bool)
+        self._next_check = time.monotonic() + 1.0
+
+    def heard(self, slot: int, finished: bool) -> None:
+        self.last[slot] = time.monotonic()
+        self.finished[slot] |= finished
+
+    def check(self, clock: int) -> None:
+        now = time.monotonic()
+        if not self.timeout or now < self._next_check:
+            return
+        self._next_check = now + 1.0
+        silent = np.where(self.finished, 0.0, now - self.last)
+        slot = int(np.argmax(silent))
+        if silent[slot] > self.timeout:
+            self.master.abort_stuck(slot + 1, float(silent[slot]), clock)
 
 
 class Master:
@@ -105,6 +136,7 @@ class Master:
         stopped = False
         diverged: str | None = None
         watch = DivergenceWatch(cfg.divergence_factor)
+        watchdog = _Watchdog(self, cfg.worker_timeout)
         rejected_by: dict[int, int] = {}
         timers = dict.fromkeys(("wait", "apply", "metrics", "mpi"), 0.0)
         recent_loss, recent_stale = float("nan"), 0.0
@@ -119,6 +151,7 @@ class Master:
                     break
                 if self.metrics is not None and self.metrics.low_space:
                     raise OutputError(self.metrics.low_space)
+                watchdog.check(clock)
                 if every and time.monotonic() - self._last_checkpoint >= every:
                     self.checkpoint(clock, clock_fn() - t0)
                 self._drain_evals()
@@ -140,6 +173,7 @@ class Master:
                 applied = []
                 for slot in ready:
                     head = ep.headers_i[slot]
+                    watchdog.heard(slot, head[H_KIND] == KIND_DONE)
                     if head[H_KIND] == KIND_DONE:
                         done += 1
                         continue
@@ -274,6 +308,24 @@ class Master:
         _say(f"error: stopped at update {clock}: {reason}; " + "; ".join(notes))
         self.ep.shutdown(SHUTDOWN_ABORT)
         return summary
+
+    def abort_stuck(self, worker: int, silent_s: float, clock: int) -> None:
+        """Checkpoint, close the metrics unfinished, say which worker, abort the job."""
+        wall = time.perf_counter() - self._t0
+        notes = []
+        try:
+            path = self.checkpoint(clock, wall)
+            notes.append(f"checkpoint {path}: --resume auto continues" if path
+                         else "no --checkpoint-dir, so no checkpoint")
+        except OutputError as exc:
+            notes.append(str(exc))
+        if self.metrics is not None:
+            with contextlib.suppress(OutputError):
+                self.metrics.close({"updates": clock, "wall_s": wall, "finished": 0.0})
+        _say(f"error: worker {worker} (rank {worker}) has sent nothing for {silent_s:.0f} s "
+             f"(--worker-timeout {self.cfg.worker_timeout:g}): it or its node is stuck; "
+             f"ending the job at update {clock}; " + "; ".join(notes))
+        MPI.COMM_WORLD.Abort(1)
 
     def _status(self, loss: float, staleness: float, done: int) -> str:
         return f"loss {loss:.4f} staleness {staleness:.1f} workers done {done}/{self.n_workers}"

@@ -112,3 +112,28 @@ def test_no_rank_opens_a_port_of_its_own(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=30)
+
+
+def test_a_stuck_worker_ends_the_job_with_a_checkpoint(tmp_path):
+    """A worker that hangs without dying: the master notices its silence, checkpoints,
+    names it, and ends the job long before any time limit."""
+    from conftest import PROGS, mpirun
+
+    from gem_mpi import checkpoint
+
+    t0 = time.monotonic()
+    res = mpirun(4, [str(PROGS / "stuck_worker.py"), "2", "50", *QUAD, "--method", "downpour",
+                     "--max-steps", "100000", "--eval-every", "0", "--worker-timeout", "3",
+                     "--checkpoint-dir", str(tmp_path), "--metrics", str(tmp_path / "run.h5")],
+                 timeout=120)
+    took = time.monotonic() - t0
+    assert res.returncode != 0 and took < 60
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: error")]
+    assert len(lines) == 1, res.stderr
+    assert "worker 2 (rank 2) has sent nothing for" in lines[0]
+    assert "--resume auto continues" in lines[0] and "Traceback" not in res.stderr
+    _, state = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    assert state["next_seq"][1] == 50  # worker 2's 50 updates are in, the others went on
+    run = read_run(str(tmp_path / "run.h5"))
+    assert run["summary"]["finished"] == 0.0
+    assert run["updates"]["clock"].size == state["clock"]
