@@ -26,7 +26,13 @@ import h5py
 import numpy as np
 
 from gem_mpi.errors import GemError
-from gem_mpi.metrics import EVAL_COLUMNS, GEM_COLUMNS, SCHEMA_VERSION, UPDATE_COLUMNS
+from gem_mpi.metrics import (
+    EVAL_COLUMNS,
+    GEM_COLUMNS,
+    SCHEMA_VERSION,
+    SYNC_COLUMNS,
+    UPDATE_COLUMNS,
+)
 
 # What the writer puts in every run and in GEM runs only; a file that lacks one of these is
 # read all the same (with a note), and a column outside them is read too.
@@ -37,6 +43,8 @@ EVAL_COLUMN_NAMES = [name for name, _ in EVAL_COLUMNS]
 
 def expected_columns(method: str) -> dict[str, list[str]]:
     """The columns gem_mpi.metrics writes for a run of this method, per group."""
+    if method == "sync":  # one row per synchronous step: its own columns
+        return {"updates": [name for name, _ in SYNC_COLUMNS], "eval": EVAL_COLUMN_NAMES}
     updates = COMMON_UPDATE_COLUMNS + (GEM_ONLY_COLUMNS if method == "gem" else [])
     return {"updates": updates, "eval": EVAL_COLUMN_NAMES}
 

@@ -82,6 +82,19 @@ def test_four_ranks_learn_fashion_mnist_and_write_the_step_schema(tmp_path):
     assert "rejected" not in run["summary"] and run["rejected"] == {}
     assert run["attrs"]["method"] == "sync" and run["attrs"]["n_workers"] == 4
     assert len(run["eval"]["clock"]) == 2  # at steps 60 and 120
+    # the analysis tools read it as what it is
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "report"
+    res = subprocess.run([sys.executable, str(REPO / "tools" / "report.py"), str(h5), "-o",
+                          str(out)], capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    summary = (out / "summary.md").read_text()
+    assert "| method | sync |" in summary and "sync: no master" in summary
+    assert "Notes" not in summary or "no worker" not in summary
 
 
 def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path):
