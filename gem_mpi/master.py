@@ -7,7 +7,6 @@ runs in a background thread on a copy of θ so that the apply loop keeps serving
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import sys
@@ -18,8 +17,8 @@ import numpy as np
 from gem_mpi import checkpoint, gem
 from gem_mpi.config import Config
 from gem_mpi.errors import OutputError
-from gem_mpi.metrics import MetricsWriter
-from gem_mpi.monitor import DivergenceWatch, Evaluator, Progress
+from gem_mpi.metrics import MetricsWriter, rows_on_disk
+from gem_mpi.monitor import DivergenceWatch, Evaluator, Progress, cut_short, stopped_early
 from gem_mpi.problem import Problem, save_final
 from gem_mpi.transport import (
     H_COMPUTE_S,
@@ -90,15 +89,14 @@ class Master:
         theta0 = resumed[1] if resumed else problem.theta0
         self.ep = MasterEndpoint(comm, layout, theta0, version0=state["clock"],
                                  ticket0=state["tickets"])
-        self.evaluator = Evaluator(cfg, problem)
+        self.evaluator = Evaluator(cfg, problem, noun="update")
         self.metrics = None
-        self._last_eval: tuple = (-1, float("nan"), float("nan"))
         self._last_checkpoint = time.monotonic()
         if cfg.metrics:
             rows = None
             if resumed and os.path.exists(cfg.metrics):
                 rows = (state["rows_updates"], state["rows_eval"], state["rows_rejected"])
-            self.metrics = MetricsWriter(
+            self.metrics = self.evaluator.metrics = MetricsWriter(
                 cfg.metrics, cfg.as_dict(), problem.names, problem.sizes, self.n_workers,
                 kernel.name, resume_rows=rows, min_free_bytes=cfg.min_free_bytes,
             )
@@ -107,10 +105,7 @@ class Master:
         """Write θ and the run's position; the metrics rows on disk match it exactly."""
         if not self.cfg.checkpoint_dir:
             return None
-        rows = (0, 0, 0)
-        if self.metrics is not None:
-            self.metrics.flush(check_space=False)  # the rows must match θ, margin or not
-            rows = self.metrics.rows()
+        rows = rows_on_disk(self.metrics)
         state = {"clock": clock, "tickets": self.ep.tickets(), "next_seq": self.next_seq,
                  "rows_updates": rows[0], "rows_eval": rows[1], "rows_rejected": rows[2],
                  "elapsed_s": elapsed, "config": self.cfg.as_dict(),
@@ -154,7 +149,7 @@ class Master:
                 watchdog.check(clock)
                 if every and time.monotonic() - self._last_checkpoint >= every:
                     self.checkpoint(clock, clock_fn() - t0)
-                self._drain_evals()
+                self.evaluator.drain()
                 tm = clock_fn()
                 ready = ep.ready()
                 timers["mpi"] += clock_fn() - tm
@@ -236,15 +231,11 @@ class Master:
                                 self._status(recent_loss, recent_stale, done))
             wall = clock_fn() - t0
             progress.close()
-            self.evaluator.close()
-            self._drain_evals()
             if stopped:
+                self.evaluator.close()
+                self.evaluator.drain()
                 return self._stop(clock, wall, rejected, diverged)
-            if self._last_eval[0] == clock:  # the periodic evaluation already saw this θ
-                test_loss, test_acc = self._last_eval[1:]
-            else:
-                test_loss, test_acc = self.evaluator.evaluate(theta)
-                self._record_eval(clock_fn() - t0, clock, test_loss, test_acc)
+            test_loss, test_acc = self.evaluator.final(theta, clock, clock_fn() - t0)
             final_theta = theta.copy()
         finally:
             progress.close()
@@ -271,17 +262,10 @@ class Master:
         the workers."""
         summary = {"updates": clock, "wall_s": wall, "rejected": rejected, "finished": 0.0,
                    "diverged": 1.0 if diverged else 0.0}
-        if diverged:
-            # the newest checkpoint on disk is the last good state: keep it, write none
-            last = checkpoint.latest(self.cfg.checkpoint_dir) if self.cfg.checkpoint_dir else None
-            where = f"the last good state is {last}" if last else "no checkpoint was written"
-            _say(f"stopped: the run diverged at update {clock} ({diverged}); {where}. "
-                 "Lower --lr (or --kappa), or pass --no-stop-on-divergence")
-        else:
-            path = self.checkpoint(clock, wall)
-            where = (f"checkpoint {path}; continue with --resume {path} (or --resume auto)"
-                     if path else "no --checkpoint-dir, so no checkpoint was written")
-            _say(f"stopped by signal {int(self.stop.signum)} at update {clock}: {where}")
+        stopped_early("update", clock, diverged, self.cfg.checkpoint_dir,
+                      lambda: self.checkpoint(clock, wall),
+                      f"signal {int(self.stop.signum)}" if self.stop else "a signal",
+                      "Lower --lr (or --kappa)")
         if self.metrics is not None:
             self.metrics.close(summary)
         self.ep.shutdown(SHUTDOWN_STOP)
@@ -293,38 +277,21 @@ class Master:
         file (or none)."""
         clock, wall = self._clock, time.perf_counter() - self._t0
         summary = {"updates": clock, "wall_s": wall, "finished": 0.0, "error": 1.0}
-        notes = []
-        try:
-            path = self.checkpoint(clock, wall)
-            notes.append(f"checkpoint {path}: free space, then --resume auto" if path
-                         else "no --checkpoint-dir, so no checkpoint")
-        except OutputError as exc:
-            notes.append(str(exc))
-        if self.metrics is not None:
-            try:
-                self.metrics.close(summary)
-            except OutputError as exc:
-                notes.append(str(exc))
-        _say(f"error: stopped at update {clock}: {reason}; " + "; ".join(notes))
+        notes = cut_short(lambda: self.checkpoint(clock, wall), self.metrics, summary,
+                          "free space, then --resume auto")
+        _say(f"error: stopped at update {clock}: {reason}; {notes}")
         self.ep.shutdown(SHUTDOWN_ABORT)
         return summary
 
     def abort_stuck(self, worker: int, silent_s: float, clock: int) -> None:
         """Checkpoint, close the metrics unfinished, say which worker, abort the job."""
         wall = time.perf_counter() - self._t0
-        notes = []
-        try:
-            path = self.checkpoint(clock, wall)
-            notes.append(f"checkpoint {path}: --resume auto continues" if path
-                         else "no --checkpoint-dir, so no checkpoint")
-        except OutputError as exc:
-            notes.append(str(exc))
-        if self.metrics is not None:
-            with contextlib.suppress(OutputError):
-                self.metrics.close({"updates": clock, "wall_s": wall, "finished": 0.0})
+        notes = cut_short(lambda: self.checkpoint(clock, wall), self.metrics,
+                          {"updates": clock, "wall_s": wall, "finished": 0.0},
+                          "--resume auto continues")
         _say(f"error: worker {worker} (rank {worker}) has sent nothing for {silent_s:.0f} s "
              f"(--worker-timeout {self.cfg.worker_timeout:g}): it or its node is stuck; "
-             f"ending the job at update {clock}; " + "; ".join(notes))
+             f"ending the job at update {clock}; {notes}")
         MPI.COMM_WORLD.Abort(1)
 
     def _status(self, loss: float, staleness: float, done: int) -> str:
@@ -340,17 +307,3 @@ class Master:
         if self.metrics is not None:
             self.metrics.add_rejected({"time": t, "worker": worker, "seq": seq,
                                        "ticket": ticket})
-
-    def _drain_evals(self) -> None:
-        for t, clock, loss, acc, exc in self.evaluator.results():
-            if exc is not None:
-                raise exc
-            self._record_eval(t, clock, loss, acc)
-
-    def _record_eval(self, t: float, clock: int, loss: float, acc: float) -> None:
-        self._last_eval = (clock, loss, acc)
-        if self.metrics is not None:
-            self.metrics.add_eval({"time": t, "clock": clock, "test_loss": loss,
-                                   "test_accuracy": acc})
-        if self.cfg.verbose:
-            _say(f"eval at update {clock}: test loss {loss:.4f}, accuracy {acc:.4f}")

@@ -303,6 +303,15 @@ class MetricsWriter:
         self.closed = True
 
 
+def rows_on_disk(metrics: MetricsWriter | None) -> tuple[int, int, int]:
+    """Flush every pending row (into the low-space margin if need be) and count the rows of
+    each table: a checkpoint records them, so that a resume cuts the file back to match θ."""
+    if metrics is None:
+        return 0, 0, 0
+    metrics.flush(check_space=False)
+    return metrics.rows()
+
+
 def os_reason(exc: BaseException) -> str:
     """The OS's words for a failed write, without HDF5's internals around them."""
     text = str(exc)

@@ -11,6 +11,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -19,11 +20,15 @@ from gem_mpi.problem import Problem, load_theta
 
 
 class Evaluator:
-    """Test loss and accuracy of a θ snapshot, in a thread beside the apply loop."""
+    """Test loss and accuracy of a θ snapshot, in a thread beside the training loop, and
+    their rows in the metrics file (``metrics``, set by the owner once it has one)."""
 
-    def __init__(self, cfg: Config, problem: Problem) -> None:
+    def __init__(self, cfg: Config, problem: Problem, noun: str = "update") -> None:
         self.cfg = cfg
         self.problem = problem
+        self.noun = noun
+        self.metrics = None
+        self.last: tuple = (-1, float("nan"), float("nan"))  # (clock, loss, accuracy)
         self._jobs: queue.Queue = queue.Queue(maxsize=1)
         self._results: queue.Queue = queue.Queue()
         self._busy = threading.Event()
@@ -85,6 +90,32 @@ class Evaluator:
         self._jobs.put(None)
         self._thread.join()
 
+    def record(self, t: float, clock: int, loss: float, acc: float) -> None:
+        self.last = (clock, loss, acc)
+        if self.metrics is not None:
+            self.metrics.add_eval({"time": t, "clock": clock, "test_loss": loss,
+                                   "test_accuracy": acc})
+        if self.cfg.verbose:
+            print(f"gem_mpi: eval at {self.noun} {clock}: test loss {loss:.4f}, accuracy "
+                  f"{acc:.4f}", file=sys.stderr, flush=True)
+
+    def drain(self) -> None:
+        """Record the evaluations that have finished; re-raise one that failed."""
+        for t, clock, loss, acc, exc in self.results():
+            if exc is not None:
+                raise exc
+            self.record(t, clock, loss, acc)
+
+    def final(self, theta: np.ndarray, clock: int, t: float) -> tuple[float, float]:
+        """The end of a run: stop the thread, and evaluate θ unless that was just done."""
+        self.close()
+        self.drain()
+        if self.last[0] == clock:
+            return self.last[1], self.last[2]
+        loss, acc = self.evaluate(theta)
+        self.record(t, clock, loss, acc)
+        return loss, acc
+
 
 class Progress:
     """One status line on rank 0: a live tqdm bar on a terminal, throttled lines otherwise."""
@@ -140,3 +171,42 @@ class DivergenceWatch:
             if not math.isfinite(norm):
                 return "θ holds values that are not finite"
         return None
+
+
+def cut_short(write_checkpoint: Callable[[], str | None], metrics: object | None,
+              summary: dict, resume_hint: str) -> str:
+    """A run ending on an error: write a checkpoint if one can be, close the metrics file
+    unfinished; returns what became of each, for the one error line."""
+    from gem_mpi.errors import OutputError
+
+    notes = []
+    try:
+        path = write_checkpoint()
+        notes.append(f"checkpoint {path}: {resume_hint}" if path
+                     else "no --checkpoint-dir, so no checkpoint")
+    except OutputError as exc:
+        notes.append(str(exc))
+    if metrics is not None:
+        try:
+            metrics.close(summary)
+        except OutputError as exc:
+            notes.append(str(exc))
+    return "; ".join(notes)
+
+
+def stopped_early(noun: str, at: int, diverged: str | None, checkpoint_dir: str | None,
+                  write_checkpoint: Callable[[], str | None], by: str, remedy: str) -> None:
+    """The one line of a run stopped before its end. Diverged: the newest checkpoint on disk
+    is the last good state, so none is written. Stopped by a signal: checkpoint now."""
+    from gem_mpi import checkpoint
+
+    if diverged:
+        last = checkpoint.latest(checkpoint_dir) if checkpoint_dir else None
+        where = f"the last good state is {last}" if last else "no checkpoint was written"
+        print(f"gem_mpi: stopped: the run diverged at {noun} {at} ({diverged}); {where}. "
+              f"{remedy}, or pass --no-stop-on-divergence", file=sys.stderr, flush=True)
+        return
+    path = write_checkpoint()
+    where = (f"checkpoint {path}; continue with --resume {path} (or --resume auto)"
+             if path else "no --checkpoint-dir, so no checkpoint was written")
+    print(f"gem_mpi: stopped by {by} at {noun} {at}: {where}", file=sys.stderr, flush=True)

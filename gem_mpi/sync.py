@@ -26,8 +26,14 @@ import numpy as np
 from gem_mpi import checkpoint
 from gem_mpi.config import Config, straggler
 from gem_mpi.errors import OutputError, UsageError
-from gem_mpi.metrics import MetricsWriter
-from gem_mpi.monitor import DivergenceWatch, Evaluator, Progress
+from gem_mpi.metrics import MetricsWriter, rows_on_disk
+from gem_mpi.monitor import (
+    DivergenceWatch,
+    Evaluator,
+    Progress,
+    cut_short,
+    stopped_early,
+)
 from gem_mpi.problem import Problem, build_problem, load_theta, save_final
 from gem_mpi.transport import MPI
 from gem_mpi.worker import data_stream, seed_dropout, torch_device
@@ -177,18 +183,17 @@ class _SyncLoop:
         self.elapsed0 = resumed[2]["elapsed_s"] if resumed else 0.0
         self.metrics = None
         self.evaluator = None
-        self._last_eval: tuple = (-1, float("nan"), float("nan"))
         self._last_checkpoint = time.monotonic()
         self.error: str | None = None  # rank 0 could not write an output: stop, exit 1
         if not self.root:
             return
         # the evaluator loads θ snapshots into a model of its own, apart from the trained one
-        self.evaluator = Evaluator(cfg, build_problem(cfg, with_theta0=False))
+        self.evaluator = Evaluator(cfg, build_problem(cfg, with_theta0=False), noun="step")
         if cfg.metrics:
             rows = None
             if resumed and os.path.exists(cfg.metrics):
                 rows = (resumed[2]["rows_updates"], resumed[2]["rows_eval"], 0)
-            self.metrics = MetricsWriter(
+            self.metrics = self.evaluator.metrics = MetricsWriter(
                 cfg.metrics, cfg.as_dict(), problem.names, problem.sizes, self.n,
                 "horovod allreduce (average)", resume_rows=rows,
                 min_free_bytes=cfg.min_free_bytes,
@@ -266,7 +271,7 @@ class _SyncLoop:
 
     def _record(self, step: int, t: float, losses: np.ndarray, compute_s: float,
                 allreduce_s: float) -> None:
-        self._drain_evals()
+        self.evaluator.drain()
         if self.metrics is not None:
             self.metrics.add_update({
                 "time": t, "seq": step - 1, "clock": step - 1, "loss": float(np.mean(losses)),
@@ -276,27 +281,10 @@ class _SyncLoop:
         if self.cfg.eval_every and step % self.cfg.eval_every == 0:
             self.evaluator.submit(self.trainer.theta(), step, t)
 
-    def _drain_evals(self) -> None:
-        for t, clock, loss, acc, exc in self.evaluator.results():
-            if exc is not None:
-                raise exc
-            self._record_eval(t, clock, loss, acc)
-
-    def _record_eval(self, t: float, clock: int, loss: float, acc: float) -> None:
-        self._last_eval = (clock, loss, acc)
-        if self.metrics is not None:
-            self.metrics.add_eval({"time": t, "clock": clock, "test_loss": loss,
-                                   "test_accuracy": acc})
-        if self.cfg.verbose:
-            _say(f"eval at step {clock}: test loss {loss:.4f}, accuracy {acc:.4f}")
-
     def _checkpoint(self, step: int, elapsed: float) -> str | None:
         if not self.cfg.checkpoint_dir:
             return None
-        rows = (0, 0, 0)
-        if self.metrics is not None:
-            self.metrics.flush(check_space=False)  # the rows must match θ, margin or not
-            rows = self.metrics.rows()
+        rows = rows_on_disk(self.metrics)
         state = {"clock": step, "tickets": step, "next_seq": np.full(self.n, step, np.int64),
                  "rows_updates": rows[0], "rows_eval": rows[1], "rows_rejected": 0,
                  "elapsed_s": elapsed, "config": self.cfg.as_dict(), "n_workers": self.n,
@@ -307,45 +295,22 @@ class _SyncLoop:
 
     def _output_failed(self, summary: dict, step: int, wall: float) -> None:
         summary.update(finished=0.0, error=1.0)
-        notes = []
-        try:
-            path = self._checkpoint(step, wall)
-            notes.append(f"checkpoint {path}: free space, then --resume auto" if path
-                         else "no --checkpoint-dir, so no checkpoint")
-        except OutputError as exc:
-            notes.append(str(exc))
-        if self.metrics is not None:
-            try:
-                self.metrics.close(summary)
-            except OutputError as exc:
-                notes.append(str(exc))
-        _say(f"error: stopped at step {step}: {self.error}; " + "; ".join(notes))
+        notes = cut_short(lambda: self._checkpoint(step, wall), self.metrics, summary,
+                          "free space, then --resume auto")
+        _say(f"error: stopped at step {step}: {self.error}; {notes}")
 
     def _finish(self, summary: dict, step: int, wall: float, stopped: bool,
                 diverged: str | None) -> None:
-        self.evaluator.close()
-        self._drain_evals()
         theta = self.trainer.theta()
         if stopped:
-            if diverged:
-                last = (checkpoint.latest(self.cfg.checkpoint_dir) if self.cfg.checkpoint_dir
-                        else None)
-                where = f"the last good state is {last}" if last else "no checkpoint was written"
-                _say(f"stopped: the run diverged at step {step} ({diverged}); {where}. "
-                     "Lower --lr, or pass --no-stop-on-divergence")
-            else:
-                path = self._checkpoint(step, wall)
-                where = (f"checkpoint {path}; continue with --resume {path} (or --resume auto)"
-                         if path else "no --checkpoint-dir, so no checkpoint was written")
-                _say(f"stopped by a signal at step {step}: {where}")
+            self.evaluator.close()
+            self.evaluator.drain()
+            stopped_early("step", step, diverged, self.cfg.checkpoint_dir,
+                          lambda: self._checkpoint(step, wall), "a signal", "Lower --lr")
             if self.metrics is not None:
                 self.metrics.close(summary)
             return
-        if self._last_eval[0] == step:
-            test_loss, test_acc = self._last_eval[1:]
-        else:
-            test_loss, test_acc = self.evaluator.evaluate(theta)
-            self._record_eval(wall, step, test_loss, test_acc)
+        test_loss, test_acc = self.evaluator.final(theta, step, wall)
         summary.update(test_loss=test_loss, test_accuracy=test_acc)
         if self.cfg.save:
             save_final(self.evaluator.problem.model, theta, self.cfg.save)

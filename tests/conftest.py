@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,6 +48,27 @@ def train_background(n: int, *args: str, env: dict[str, str] | None = None
                             env={**mpi_env(), **(env or {})}, cwd=str(REPO),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+
+
+def signal_when(proc: subprocess.Popen, ready: Callable[[], bool], sig: int = signal.SIGUSR1,
+                whole_job: bool = False, timeout: float = 120) -> str:
+    """Once ``ready()`` (the job still running), send ``sig`` to mpirun (or, ``whole_job``,
+    to every process of the job, as a scheduler does); returns the job's stderr after it
+    ended. The job is killed whatever happens."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the job never got ready"
+            time.sleep(0.1)
+        if whole_job:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        return proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def rank_pids(proc: subprocess.Popen) -> dict[int, int]:

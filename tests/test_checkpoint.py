@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from conftest import rank_pids, train, train_background
+from conftest import rank_pids, signal_when, train, train_background
 from test_train_invariants import replay_fixed
 
 from gem_mpi import checkpoint
@@ -33,12 +33,8 @@ def _args(tmp: Path, *extra: str) -> list[str]:
             *extra]
 
 
-def _wait_for_checkpoint(proc: subprocess.Popen, tmp: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not list(tmp.glob("checkpoint_*.h5")):
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.1)
+def _has_checkpoint(tmp: Path) -> Callable[[], bool]:
+    return lambda: bool(list(tmp.glob("checkpoint_*.h5")))
 
 
 def _check_whole_run(tmp: Path) -> None:
@@ -57,13 +53,7 @@ def _check_whole_run(tmp: Path) -> None:
 
 def test_stop_signal_checkpoints_and_resume_finishes_exactly(tmp_path):
     proc = train_background(WORKERS + 1, *_args(tmp_path))
-    try:
-        _wait_for_checkpoint(proc, tmp_path)
-        proc.send_signal(signal.SIGUSR1)  # what Slurm's --signal=B:USR1 forwards
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    err = signal_when(proc, _has_checkpoint(tmp_path))  # SIGUSR1: Slurm's --signal=B:USR1
     assert proc.returncode == 3, err
     assert err.count("stopped by signal 10 at update") == 1
     assert "Traceback" not in err
@@ -82,17 +72,16 @@ def test_sigterm_to_the_whole_job_leaves_a_checkpoint_and_resume_finishes(tmp_pa
     """What a scheduler does at a time limit or a cancel: SIGTERM to every process of the job
     (mpirun and the ranks). The master checkpoints at once; mpirun then ends the ranks."""
     proc = train_background(WORKERS + 1, *_args(tmp_path))
-    try:
-        _wait_for_checkpoint(proc, tmp_path)
-        first = checkpoint.latest(str(tmp_path))
-        os.killpg(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    first: list[str | None] = []
+
+    def ready() -> bool:
+        first.append(checkpoint.latest(str(tmp_path)))
+        return first[-1] is not None
+
+    err = signal_when(proc, ready, signal.SIGTERM, whole_job=True)
     assert proc.returncode != 0
     assert "stopped by signal 15 at update" in err  # the master's own stop checkpoint
-    assert checkpoint.latest(str(tmp_path)) != first
+    assert checkpoint.latest(str(tmp_path)) != first[-1]
     assert not list(tmp_path.glob("*.tmp"))
     res = train(WORKERS + 1, *_args(tmp_path, "--resume", "auto"), timeout=300)
     assert res.returncode == 0, res.stderr
@@ -102,7 +91,10 @@ def test_sigterm_to_the_whole_job_leaves_a_checkpoint_and_resume_finishes(tmp_pa
 def test_killed_worker_ends_the_job_and_resume_recovers(tmp_path):
     proc = train_background(WORKERS + 1, *_args(tmp_path))
     try:
-        _wait_for_checkpoint(proc, tmp_path)
+        deadline = time.monotonic() + 90
+        while not _has_checkpoint(tmp_path)():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
         ranks = rank_pids(proc)
         assert set(ranks) == set(range(WORKERS + 1))
         t0 = time.monotonic()
@@ -164,13 +156,7 @@ def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path):
     args = [a if a != "downpour" else "gem" for a in _args(tmp_path, "--pi-max", str(PI_MAX))]
     args[args.index("--max-steps") + 1] = str(steps)
     proc = train_background(WORKERS + 1, *args)
-    try:
-        _wait_for_checkpoint(proc, tmp_path)
-        proc.send_signal(signal.SIGUSR1)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    err = signal_when(proc, _has_checkpoint(tmp_path))
     assert proc.returncode == 3, err
     assert len(list(tmp_path.glob("momentum_w*.h5"))) == WORKERS
     assert not list(tmp_path.glob("*.tmp"))

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import numpy as np
 import pytest
 import torch
-from conftest import PROGS, mpirun, train, train_background
+from conftest import PROGS, mpirun, signal_when, train, train_background
 
 from gem_mpi import checkpoint, config
 from gem_mpi.metrics import read_run
@@ -97,6 +93,15 @@ def test_four_ranks_learn_fashion_mnist_and_write_the_step_schema(tmp_path):
     assert "Notes" not in summary or "no worker" not in summary
 
 
+def _steps_written(h5) -> int:
+    """Rows in a metrics file being written; 0 until its writer has switched SWMR on (until
+    then HDF5's file lock keeps readers out)."""
+    try:
+        return read_run(str(h5))["updates"]["seq"].size
+    except OSError:
+        return 0
+
+
 def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path):
     common = ["--method", "sync", "--max-steps", "400", "--threads", "1", "--eval-every", "0"]
     whole = tmp_path / "whole.pt"
@@ -107,16 +112,7 @@ def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path):
     args = [*common, "--checkpoint-dir", str(ckdir), "--checkpoint-every", "0",
             "--metrics", str(h5), "--save", str(part)]
     proc = train_background(2, *args)
-    try:
-        deadline = time.monotonic() + 120
-        while not h5.exists() or read_run(str(h5))["updates"]["seq"].size < 50:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-            time.sleep(0.5)
-        proc.send_signal(signal.SIGUSR1)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    err = signal_when(proc, lambda: _steps_written(h5) >= 50)
     assert proc.returncode == 3, err
     assert err.count("stopped by a signal at step") == 1 and "Traceback" not in err
     ck = checkpoint.latest(str(ckdir))
