@@ -25,7 +25,7 @@ import numpy as np
 
 from gem_mpi import checkpoint
 from gem_mpi.config import Config, straggler
-from gem_mpi.errors import OutputError, UsageError
+from gem_mpi.errors import GemError, OutputError, UsageError
 from gem_mpi.metrics import MetricsWriter, rows_on_disk
 from gem_mpi.monitor import (
     DivergenceWatch,
@@ -74,6 +74,13 @@ class SyncTrainer:
         import torch.nn.functional as F
 
         self.torch, self.F, self.hvd = torch, F, hvd
+        if cfg.worker_timeout:
+            # a hung rank holds every allreduce: Horovod's stall check (rank 0's background
+            # thread sees which ranks never submitted) shuts Horovod down after the timeout
+            os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS",
+                                  str(max(1, int(min(60.0, cfg.worker_timeout / 2)))))
+            os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+                                  str(max(1, int(cfg.worker_timeout))))
         hvd.init(comm=comm)  # every rank of comm runs this: Horovod hangs otherwise
         self.comm = comm
         self.worker = comm.Get_rank() + 1
@@ -210,11 +217,11 @@ class _SyncLoop:
         diverged: str | None = None
         stopped = False
         every = cfg.checkpoint_every if cfg.checkpoint_dir else 0.0
-        t0 = time.perf_counter() - self.elapsed0
+        t0 = self._t0 = time.perf_counter() - self.elapsed0
         step = start
         try:
             while step < trainer.steps:
-                loss, compute_s, allreduce_s = trainer.step()
+                loss, compute_s, allreduce_s = self._step(step)
                 if self.metrics is not None and self.metrics.low_space and not self.error:
                     self.error = self.metrics.low_space
                 mine[:] = (loss, compute_s, 1.0 if self.stop else 0.0,
@@ -264,6 +271,27 @@ class _SyncLoop:
                 self._output_failed(summary, step, wall)
                 summary["error"] = 1.0
         return summary
+
+    def _step(self, step: int) -> tuple[float, float, float]:
+        """One step; if Horovod shut down (its stall check: a rank sent nothing for
+        --worker-timeout seconds), rank 0 checkpoints θ (the failed step changed nothing)
+        and ends the job with one line. The others give it time to do so before speaking."""
+        from horovod.common.exceptions import HorovodInternalError
+
+        try:
+            return self.trainer.step()
+        except HorovodInternalError:
+            pass
+        why = (f"step {step} could not complete: Horovod shut down, a worker having sent "
+               f"nothing for --worker-timeout {self.cfg.worker_timeout:g} s (Horovod's lines "
+               "above mark it with '!')")
+        if self.root:
+            notes = cut_short(lambda: self._checkpoint(step, time.perf_counter() - self._t0),
+                              self.metrics, {"updates": step, "finished": 0.0},
+                              "--resume auto continues")
+            raise GemError(f"{why}; {notes}")
+        time.sleep(10.0)  # rank 0 aborts the job meanwhile, unless it is the stuck one
+        raise GemError(why)
 
     def _theta_if_due(self, step: int) -> np.ndarray:
         # DivergenceWatch looks at θ every 100 steps only; an empty array costs nothing else

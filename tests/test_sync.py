@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -161,3 +163,19 @@ def test_bench_compare_runs_each_method_as_a_real_job(tmp_path):
         assert r["samples_per_s"] > 0 and r["wall_s"] > 0
     assert rows["sync"]["samples_per_s_vs_base"] == 1.0
     assert "ratios against sync" in res.stdout and "--straggler 1:2" in res.stderr
+
+
+def test_a_stuck_rank_ends_the_sync_job_with_a_checkpoint(tmp_path):
+    t0 = time.monotonic()
+    res = mpirun(3, [str(PROGS / "stuck_sync_worker.py"), "1", "20", "--method", "sync",
+                     "--max-steps", "500", "--eval-every", "0", "--worker-timeout", "4",
+                     "--checkpoint-dir", str(tmp_path), "--metrics", str(tmp_path / "run.h5")],
+                 timeout=120)
+    assert res.returncode != 0 and time.monotonic() - t0 < 90
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: rank")]
+    assert len(lines) == 1, res.stderr
+    assert "step 20 could not complete" in lines[0] and "--worker-timeout 4" in lines[0]
+    assert "1!:" in res.stderr  # Horovod's stall report marks the stuck rank
+    _, state = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    assert state["clock"] == 20 and state["momentum"] is not None
+    assert read_run(str(tmp_path / "run.h5"))["updates"]["seq"].size == 20
