@@ -179,3 +179,11 @@ def test_a_stuck_rank_ends_the_sync_job_with_a_checkpoint(tmp_path):
     _, state = checkpoint.load(checkpoint.latest(str(tmp_path)))
     assert state["clock"] == 20 and state["momentum"] is not None
     assert read_run(str(tmp_path / "run.h5"))["updates"]["seq"].size == 20
+
+
+def test_a_diverging_sync_run_stops_with_exit_4():
+    res = train(2, "--method", "sync", "--lr", "40", "--max-steps", "300", "--eval-every", "0",
+                timeout=300)
+    assert res.returncode == 4, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if "diverged" in ln]
+    assert len(lines) == 1 and "Lower --lr" in lines[0] and "Traceback" not in res.stderr
