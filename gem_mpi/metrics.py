@@ -185,7 +185,13 @@ class MetricsWriter:
         from gem_mpi.errors import UsageError
 
         try:
-            self._f = h5py.File(self.path, "r+", libver="latest", rdcc_nbytes=0)
+            try:
+                self._f = h5py.File(self.path, "r+", libver="latest", rdcc_nbytes=0)
+            except OSError as exc:
+                if "already open for write" not in str(exc):
+                    raise
+                _rewrite_after_crash(self.path)  # its writer was killed: flags still set
+                self._f = h5py.File(self.path, "r+", libver="latest", rdcc_nbytes=0)
         except OSError as exc:
             raise UsageError(f"--metrics {self.path!r}: cannot reopen to resume ({exc})") from None
         f = self._f
@@ -301,6 +307,30 @@ class MetricsWriter:
         except (OSError, RuntimeError) as exc:
             self._fail(exc, good)
         self.closed = True
+
+
+def _rewrite_after_crash(path: str) -> None:
+    """A writer killed in SWMR mode leaves the file marked as open for writing, and HDF5
+    refuses to open it for writing again (``h5clear -s`` would clear the mark, but it is a
+    separate tool). Its data reads fine under SWMR: copy the whole file into a new one, then
+    put that in its place atomically."""
+    tmp = path + ".rewrite.tmp"
+    try:
+        with h5py.File(path, "r", libver="latest", swmr=True) as src, \
+                h5py.File(tmp, "w", libver="latest") as dst:
+            for key, value in src.attrs.items():
+                dst.attrs[key] = value
+            for name in src:
+                src.copy(src[name], dst, name=name)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
 
 
 def rows_on_disk(metrics: MetricsWriter | None) -> tuple[int, int, int]:

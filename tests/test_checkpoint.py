@@ -112,6 +112,26 @@ def test_killed_worker_ends_the_job_and_resume_recovers(tmp_path):
     _check_whole_run(tmp_path)
 
 
+def test_killed_master_leaves_a_metrics_file_the_resume_continues(tmp_path):
+    """SIGKILL of rank 0 (a node lost, an OOM kill) leaves the metrics file marked open for
+    writing; the resume must still continue it, with nothing lost or repeated."""
+    proc = train_background(WORKERS + 1, *_args(tmp_path))
+    try:
+        deadline = time.monotonic() + 90
+        while not _has_checkpoint(tmp_path)():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        os.kill(rank_pids(proc)[0], signal.SIGKILL)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    res = train(WORKERS + 1, *_args(tmp_path, "--resume", "auto"), timeout=300)
+    assert res.returncode == 0, res.stderr
+    _check_whole_run(tmp_path)
+
+
 def test_incompatible_or_corrupt_checkpoint_is_one_line(tmp_path):
     res = train(WORKERS + 1, *_args(tmp_path, "--max-steps", "200"), timeout=120)
     assert res.returncode == 0, res.stderr
