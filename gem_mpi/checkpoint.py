@@ -19,7 +19,6 @@ no such files and m restarts at 0; the updates applied after the checkpoint are 
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
@@ -30,7 +29,7 @@ import h5py
 import numpy as np
 
 from gem_mpi.errors import OutputError, UsageError
-from gem_mpi.metrics import h5py_write_errors, os_reason
+from gem_mpi.files import atomic_write, os_reason
 
 FORMAT = 1
 NAME = "checkpoint_{clock:012d}.h5"
@@ -38,14 +37,6 @@ _PATTERN = re.compile(r"checkpoint_(\d{12})\.h5$")
 # configuration fields a resumed run must share with the checkpoint
 MUST_MATCH = ("method", "model", "dataset", "quadratic_dim", "batch_size", "epochs",
               "max_steps", "shard", "seed", "synthetic_size")
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write(tmp: str, theta: np.ndarray, state: dict) -> None:
@@ -60,25 +51,14 @@ def _write(tmp: str, theta: np.ndarray, state: dict) -> None:
         f.attrs["elapsed_s"] = float(state["elapsed_s"])
         f.attrs["config"] = json.dumps(state["config"], sort_keys=True)
         f.attrs["n_workers"] = int(state["n_workers"])
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save(directory: str, theta: np.ndarray, state: dict) -> str:
     """Write a checkpoint atomically and drop the older ones; returns its path."""
     final = os.path.join(directory, NAME.format(clock=int(state["clock"])))
-    tmp = final + ".tmp"
     try:
-        with h5py_write_errors():
-            _write(tmp, theta, state)
-        os.replace(tmp, final)
-        _fsync_dir(directory)
+        atomic_write(final, lambda tmp: _write(tmp, theta, state))
     except (OSError, RuntimeError) as exc:  # disk full, quota, I/O: the previous one stays
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
         before = latest(directory)
         kept = f"the previous one, {before}, is kept" if before else "there is no earlier one"
         raise OutputError(f"checkpoint {final!r}: writing failed ({os_reason(exc)}); "
@@ -97,19 +77,17 @@ def save_worker_momentum(directory: str, rank: int, folded: int, m: np.ndarray,
     """A stopping GEM worker's m (holding its first ``folded`` updates) and the m before the
     last of them; atomically, like a checkpoint. A failure is reported, not raised: the
     master's checkpoint is what matters, and m would merely restart at 0."""
-    final = os.path.join(directory, WORKER_MOMENTUM.format(rank=rank))
-    tmp = final + ".tmp"
-    try:
-        with h5py_write_errors(), h5py.File(tmp, "w") as f:
+    def write(tmp: str) -> None:
+        with h5py.File(tmp, "w") as f:
             f.attrs["folded"] = int(folded)
             f.attrs["config"] = json.dumps({k: config.get(k) for k in MUST_MATCH},
                                            sort_keys=True)
             f.create_dataset("m", data=m)
             f.create_dataset("prev", data=prev)
-        os.replace(tmp, final)
+
+    try:
+        atomic_write(os.path.join(directory, WORKER_MOMENTUM.format(rank=rank)), write)
     except (OSError, RuntimeError) as exc:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
         print(f"gem_mpi: worker {rank}: could not save its momentum ({os_reason(exc)}); a "
               "resume restarts it at 0", file=sys.stderr, flush=True)
 

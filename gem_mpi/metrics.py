@@ -15,11 +15,12 @@ import platform
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import h5py
 import numpy as np
+
+from gem_mpi.files import atomic_write, h5py_write_errors, os_reason
 
 SCHEMA_VERSION = 1
 
@@ -81,7 +82,6 @@ def library_versions() -> dict[str, str]:
         "mpi4py": mpi4py.__version__,
         "mpi": MPI.Get_library_version().strip().splitlines()[0],
     }
-    import sys
 
     if "torch" in sys.modules:
         out["torch"] = sys.modules["torch"].__version__
@@ -314,23 +314,15 @@ def _rewrite_after_crash(path: str) -> None:
     refuses to open it for writing again (``h5clear -s`` would clear the mark, but it is a
     separate tool). Its data reads fine under SWMR: copy the whole file into a new one, then
     put that in its place atomically."""
-    tmp = path + ".rewrite.tmp"
-    try:
+    def copy(tmp: str) -> None:
         with h5py.File(path, "r", libver="latest", swmr=True) as src, \
                 h5py.File(tmp, "w", libver="latest") as dst:
             for key, value in src.attrs.items():
                 dst.attrs[key] = value
             for name in src:
                 src.copy(src[name], dst, name=name)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+
+    atomic_write(path, copy)
 
 
 def rows_on_disk(metrics: MetricsWriter | None) -> tuple[int, int, int]:
@@ -340,42 +332,6 @@ def rows_on_disk(metrics: MetricsWriter | None) -> tuple[int, int, int]:
         return 0, 0, 0
     metrics.flush(check_space=False)
     return metrics.rows()
-
-
-def os_reason(exc: BaseException) -> str:
-    """The OS's words for a failed write, without HDF5's internals around them."""
-    text = str(exc)
-    for marker in ("error message = '", "] "):
-        if marker in text:
-            tail = text.split(marker, 1)[1]
-            return tail.split("'", 1)[0] if marker.startswith("error") else tail.split("(")[0]
-    return text.strip() or type(exc).__name__
-
-
-@contextlib.contextmanager
-def h5py_write_errors() -> Iterator[None]:
-    """Raise the first write error h5py hit inside the block. h5py writes some data when an
-    object is freed and reports a failure there only by printing it (a traceback on stderr,
-    then nothing): collect those instead, so that the caller sees one exception."""
-    import gc
-    import io
-
-    errors: list[BaseException] = []
-    printed = io.StringIO()
-    hook = sys.unraisablehook
-    sys.unraisablehook = lambda info: errors.append(info.exc_value)
-    try:
-        with contextlib.redirect_stderr(printed):
-            yield
-            gc.collect()
-    finally:
-        sys.unraisablehook = hook
-    if errors:
-        raise errors[0]
-    text = printed.getvalue()
-    if "Error" in text:
-        raise OSError(text.strip().splitlines()[-1])
-    sys.stderr.write(text)
 
 
 def read_run(path: str) -> dict:

@@ -69,24 +69,25 @@ def load_theta(model: object, theta: np.ndarray) -> None:
 
 def save_final(model: object | None, theta: np.ndarray, path: str) -> None:
     """--save: a torch model's state_dict (θ loaded into it), or θ as .npy for the quadratic;
-    written to a temporary file, then renamed, so a failed write leaves no partial file."""
-    import contextlib
-    import os
-
+    atomically, so a failed write leaves no partial file."""
     from gem_mpi.errors import OutputError
+    from gem_mpi.files import atomic_write, os_reason
 
-    tmp = path + ".tmp"
-    try:
+    def write(tmp: str) -> None:
         if model is not None:
             import torch
 
             load_theta(model, theta)
             torch.save(model.state_dict(), tmp)
-        else:
+        else:  # via memory: numpy's own file write hides the OS error (ENOSPC) in its text
+            import io
+
+            buf = io.BytesIO()
+            np.save(buf, theta)
             with open(tmp, "wb") as f:
-                np.save(f, theta)
-        os.replace(tmp, path)
+                f.write(buf.getbuffer())
+
+    try:
+        atomic_write(path, write)
     except (OSError, RuntimeError) as exc:  # torch.save says RuntimeError for ENOSPC
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise OutputError(f"--save {path!r}: writing failed ({exc})") from None
+        raise OutputError(f"--save {path!r}: writing failed ({os_reason(exc)})") from None

@@ -72,8 +72,10 @@ class SyncTrainer:
         import horovod.torch as hvd
         import torch
         import torch.nn.functional as F
+        from horovod.common.exceptions import HorovodInternalError
 
         self.torch, self.F, self.hvd = torch, F, hvd
+        self.hvd_failure = HorovodInternalError  # what a step raises once Horovod shut down
         if cfg.worker_timeout:
             # a hung rank holds every allreduce: Horovod's stall check (rank 0's background
             # thread sees which ranks never submitted) shuts Horovod down after the timeout
@@ -276,11 +278,9 @@ class _SyncLoop:
         """One step; if Horovod shut down (its stall check: a rank sent nothing for
         --worker-timeout seconds), rank 0 checkpoints θ (the failed step changed nothing)
         and ends the job with one line. The others give it time to do so before speaking."""
-        from horovod.common.exceptions import HorovodInternalError
-
         try:
             return self.trainer.step()
-        except HorovodInternalError:
+        except self.trainer.hvd_failure:
             pass
         why = (f"step {step} could not complete: Horovod shut down, a worker having sent "
                f"nothing for --worker-timeout {self.cfg.worker_timeout:g} s (Horovod's lines "

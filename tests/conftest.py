@@ -50,17 +50,22 @@ def train_background(n: int, *args: str, env: dict[str, str] | None = None
                             start_new_session=True)
 
 
+def wait_until(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float = 90) -> None:
+    """Poll ``ready()`` while the background job runs; fail if it ends or times out first."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "the job never got ready"
+        time.sleep(0.1)
+
+
 def signal_when(proc: subprocess.Popen, ready: Callable[[], bool], sig: int = signal.SIGUSR1,
                 whole_job: bool = False, timeout: float = 120) -> str:
     """Once ``ready()`` (the job still running), send ``sig`` to mpirun (or, ``whole_job``,
     to every process of the job, as a scheduler does); returns the job's stderr after it
     ended. The job is killed whatever happens."""
     try:
-        deadline = time.monotonic() + timeout
-        while not ready():
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the job never got ready"
-            time.sleep(0.1)
+        wait_until(proc, ready, timeout)
         if whole_job:
             os.killpg(proc.pid, sig)
         else:

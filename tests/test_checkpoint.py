@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from conftest import rank_pids, signal_when, train, train_background
+from conftest import rank_pids, signal_when, train, train_background, wait_until
 from test_train_invariants import replay_fixed
 
 from gem_mpi import checkpoint
@@ -91,10 +91,7 @@ def test_sigterm_to_the_whole_job_leaves_a_checkpoint_and_resume_finishes(tmp_pa
 def test_killed_worker_ends_the_job_and_resume_recovers(tmp_path):
     proc = train_background(WORKERS + 1, *_args(tmp_path))
     try:
-        deadline = time.monotonic() + 90
-        while not _has_checkpoint(tmp_path)():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-            time.sleep(0.1)
+        wait_until(proc, _has_checkpoint(tmp_path))
         ranks = rank_pids(proc)
         assert set(ranks) == set(range(WORKERS + 1))
         t0 = time.monotonic()
@@ -117,10 +114,7 @@ def test_killed_master_leaves_a_metrics_file_the_resume_continues(tmp_path):
     writing; the resume must still continue it, with nothing lost or repeated."""
     proc = train_background(WORKERS + 1, *_args(tmp_path))
     try:
-        deadline = time.monotonic() + 90
-        while not _has_checkpoint(tmp_path)():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-            time.sleep(0.1)
+        wait_until(proc, _has_checkpoint(tmp_path))
         os.kill(rank_pids(proc)[0], signal.SIGKILL)
         proc.communicate(timeout=30)
     finally:

@@ -106,6 +106,20 @@ def test_checkpoint_on_a_full_disk_leaves_no_partial_file(small_fs, tmp_path):
     assert read_run(str(tmp_path / "run.h5"))["summary"]["finished"] == 0.0
 
 
+def test_save_that_does_not_fit_leaves_no_partial_file(small_fs, tmp_path):
+    fs = small_fs("64k")  # θ of 100 000 floats (400 kB) cannot fit
+    res = train(3, "--model", "quadratic", "--dataset", "synthetic", "--method", "downpour",
+                "--quadratic-dim", "100000", "--max-steps", "20", "--eval-every", "0",
+                "--save", str(fs / "theta.npy"), "--checkpoint-dir", str(tmp_path),
+                "--checkpoint-every", "0", timeout=300)
+    assert res.returncode == 1, res.stderr
+    [line] = _error_lines(res.stderr)
+    assert "--save" in line and "No space left on device" in line
+    assert "Traceback" not in res.stderr
+    assert list(fs.iterdir()) == []  # neither the file nor its temporary
+    assert checkpoint.latest(str(tmp_path)) is not None  # θ itself is not lost
+
+
 @pytest.mark.parametrize("option", ["--metrics", "--save", "--checkpoint-dir"])
 def test_read_only_directory_is_one_line_before_anything_runs(tmp_path, option):
     ro = tmp_path / "ro"
