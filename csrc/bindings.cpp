@@ -152,14 +152,6 @@ bool fixed_step(const py::object& theta_o, const py::object& delta_o, float scal
                              threads);
 }
 
-bool all_finite(const py::object& x_o) {
-  F32 x = as_vector("all_finite", "x", x_o, false);
-  const float* p = x.data();
-  const auto n = static_cast<std::size_t>(x.size());
-  py::gil_scoped_release nogil;
-  return gem_mpi::all_finite(p, n);
-}
-
 void triad(const py::object& a_o, const py::object& b_o, const py::object& c_o, float q,
            int threads) {
   F32 a = as_vector("triad", "a", a_o, true);
@@ -226,7 +218,6 @@ bit-identical to gem_mpi.gem.gem_step_numpy. The GIL is released.)doc");
 theta += float32(scale) * delta in place (DOWNPOUR, adaptive staleness), bit-identical to
 numpy; returns False, writing nothing, when delta holds a NaN or Inf.)doc");
 
-  m.def("all_finite", &all_finite, py::arg("x"), "all_finite(x) -> bool: no NaN, no Inf");
   m.def("triad", &triad, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("q"),
         py::arg("threads") = 1, "triad(a, b, c, q, threads=1): a = b + q * c (benchmark)");
   m.def("copy", &copy, py::arg("dst"), py::arg("src"), py::arg("threads") = 1,

@@ -170,7 +170,6 @@ GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const floa
 
 }  // namespace
 
-bool all_finite(const float* x, std::size_t n) noexcept { return finite_range(x, 0, n); }
 
 bool gem_step(float* theta, const float* delta, const float* a, const float* s, std::size_t n,
               const std::int64_t* offsets, std::size_t n_tensors, float eps, float pi_max,

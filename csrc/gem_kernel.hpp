@@ -25,9 +25,6 @@ inline std::size_t sample_stride(std::size_t n) noexcept {
   return n <= kHistSample ? 1 : (n + kHistSample - 1) / kHistSample;
 }
 
-// True when no element is NaN or ±Inf.
-bool all_finite(const float* x, std::size_t n) noexcept;
-
 // One GEM step over all tensors (offsets[0] = 0 < ... <= offsets[n_tensors] = n), unless
 // delta, a or s holds a non-finite value: then nothing is written and false is returned.
 // Per element i of tensor t:

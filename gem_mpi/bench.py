@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gem_mpi import gem
+from gem_mpi.algorithm import kernel as gem
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -110,72 +110,189 @@ def _triad_seconds(bytes_touched: int, threads: int) -> float:
     return _time(lambda: _core.triad(a, b, c, 3.0, threads))
 
 
-def _kernel_row(n: int, threads: int, with_torch: bool) -> dict:
-    from gem_mpi import _core
+# How far torch's θ may sit from the reference's, per element, in float32 roundings of the
+# two terms of θ + πΔθ. torch evaluates the same float32 operations in the same order, each
+# rounded correctly under IEEE 754, so a correct implementation matches exactly; it may
+# differ only where it evaluates them otherwise (a fused multiply-add in θ + πΔθ, a
+# reciprocal instead of the division in π), and each of those moves θ_new by at most a
+# rounding or two of |θ| or of |πΔθ| ≤ π_max|Δθ|. A wrong step (a missing clamp, a wrong
+# sign, π not applied) moves θ by a sizeable part of |Δθ| somewhere: at these inputs
+# |Δθ| ~ 1e-2 and the tolerance ~ 5e-7.
+TORCH_ROUNDINGS = 4
 
+
+def _reference(theta, delta, a, s, offsets, eps, pi_max) -> tuple[np.ndarray, ...]:
+    """(θ, hist, sums, counts) after one numpy reference step from copies of the inputs."""
+    n_tensors = len(offsets) - 1
+    out = (theta.copy(), np.zeros((n_tensors, gem.HIST_BINS + 2), np.int64),
+           np.zeros((n_tensors, 2)), np.zeros((n_tensors, 2), np.int64))
+    if not gem.gem_step_numpy(out[0], delta, a, s, offsets, eps, pi_max, *out[1:]):
+        raise AssertionError("the reference rejected finite inputs")
+    return out
+
+
+def _check_fused(core, ref, theta, delta, a, s, offsets, eps, pi_max, threads) -> str:
+    """Why the C++ kernel's step differs from the reference's ("" when it does not): θ must
+    be bit-identical (its specification), and so the histogram and the clamp counts."""
+    got = (theta.copy(), *(np.zeros_like(x) for x in ref[1:]))
+    if not core.gem_step(got[0], delta, a, s, offsets, eps, pi_max, *got[1:], threads):
+        return "it rejected finite inputs"
+    differ = np.count_nonzero(got[0].view(np.uint32) != ref[0].view(np.uint32))
+    if differ:
+        return (f"θ is not bit-identical: {differ} element(s) differ, by up to "
+                f"{np.max(np.abs(got[0] - ref[0])):.3g}")
+    if not (np.array_equal(got[1], ref[1]) and np.array_equal(got[3], ref[3])):
+        return "θ is bit-identical but the π histogram or the clamp counts differ"
+    return ""
+
+
+def _check_torch(step, ref, theta, delta, a, s, pi_max) -> tuple[float, str]:
+    """(max |θ_torch − θ_ref|, why it is out of tolerance or "")."""
+    import torch
+
+    tt = torch.from_numpy(theta.copy())
+    if step(tt, *(torch.from_numpy(x) for x in (delta, a, s))) is None:
+        return float("nan"), "it rejected finite inputs"
+    diff = np.abs(tt.numpy() - ref[0])
+    bound = (TORCH_ROUNDINGS * np.finfo(np.float32).eps
+             * (np.abs(ref[0]) + np.float32(pi_max) * np.abs(delta)))
+    worst = float(diff.max())
+    if np.all(diff <= bound):
+        return worst, ""
+    return worst, (f"θ differs from the reference by up to {worst:.3g}, beyond "
+                   f"{TORCH_ROUNDINGS} float32 roundings of |θ| + π_max|Δθ| at "
+                   f"{np.count_nonzero(diff > bound)} element(s)")
+
+
+def _check_bounds(core, n: int, threads: int) -> dict[str, str]:
+    """Why memcpy or the triad does not do the work it is timed for ("" when it does), on
+    buffers as large as the timed ones: every byte copied; a = b + q·c everywhere, to within
+    the one rounding a fused multiply-add may save (the compiler may contract it)."""
+    src = np.arange(n, dtype=np.float32)  # cheap, and a different value in most elements
+    dst = np.zeros_like(src)
+    core.copy(dst, src, threads)
+    why = {"memcpy": "" if np.array_equal(dst.view(np.uint32), src.view(np.uint32))
+           else "the copy differs from its source"}
+    m = n * 2 // 3  # the triad's three streams move as many bytes as memcpy's two
+    b, c = src[:m], src[n - m:]
+    out = np.zeros_like(b)
+    core.triad(out, b, c, 3.0, threads)
+    want = b + np.float32(3.0) * c
+    tol = 2 * np.finfo(np.float32).eps * (np.abs(b) + np.abs(np.float32(3.0) * c))
+    why["triad"] = "" if np.all(np.abs(out - want) <= tol) else "a ≠ b + q·c"
+    return why
+
+
+def _kernel_row(n: int, threads: int, with_torch: bool) -> dict:
+    """Validate every variant on the same inputs as the numpy reference, then time the
+    valid ones, cache-warm: the median of repeated calls on the same buffers."""
+    core, why_not = gem.load_extension()
+    if core is None:
+        raise SystemExit(f"gem_mpi.bench kernel: the C++ extension gem_mpi._core is "
+                         f"{why_not}")
     eps, pi_max, n_tensors = 1e-16, 5.0, 8
     offsets = np.linspace(0, n, n_tensors + 1).astype(np.int64)
     theta, delta, a, s = _inputs(n)
-    hist = np.zeros((n_tensors, gem.HIST_BINS + 2), np.int64)
-    sums = np.zeros((n_tensors, 2))
-    counts = np.zeros((n_tensors, 2), np.int64)
+    ref = _reference(theta, delta, a, s, offsets, eps, pi_max)
+    bad = _check_fused(core, ref, theta, delta, a, s, offsets, eps, pi_max, threads)
+    if bad:  # every column is a ratio to it: nothing is worth timing
+        raise SystemExit(f"gem_mpi.bench kernel: the C++ kernel fails validation against "
+                         f"the numpy reference at {n} elements ({bad}); nothing timed")
     bytes_touched = GEM_BYTES_PER_ELEMENT * n
-    row: dict = {"elements": n, "bytes_touched": bytes_touched}
-    row["fused_s"] = _time(lambda: _core.gem_step(theta, delta, a, s, offsets, eps, pi_max,
-                                                  hist, sums, counts, threads))
-    row["numpy_s"] = _time(lambda: gem.gem_step_numpy(theta, delta, a, s, offsets, eps,
-                                                      pi_max, hist, sums, counts))
+    row: dict = {"elements": n, "bytes_touched": bytes_touched,
+                 "invalid": _check_bounds(core, bytes_touched // 8, threads)}
+    step = None
     if with_torch:
         import torch
 
         torch.set_num_threads(threads)
         step = _torch_gem(n_tensors, offsets, eps, pi_max)
+        row["torch_max_abs_diff"], row["invalid"]["torch"] = _check_torch(
+            step, ref, theta, delta, a, s, pi_max)
+    row["invalid"] = {k: v for k, v in row["invalid"].items() if v}
+    hist, sums, counts = (np.zeros_like(x) for x in ref[1:])
+    row["fused_s"] = _time(lambda: core.gem_step(theta, delta, a, s, offsets, eps, pi_max,
+                                                 hist, sums, counts, threads))
+    row["numpy_s"] = _time(lambda: gem.gem_step_numpy(theta, delta, a, s, offsets, eps,
+                                                      pi_max, hist, sums, counts))
+    if step is not None and "torch" not in row["invalid"]:
+        import torch
+
         tt, td, ta, ts = (torch.from_numpy(x) for x in (theta, delta, a, s))
         row["torch_s"] = _time(lambda: step(tt, td, ta, ts))
     # memcpy and triad moving the same number of bytes as the fused step
-    src = np.ones(bytes_touched // 8, np.float32)  # read + write = bytes_touched
-    dst = np.empty_like(src)
-    row["memcpy_s"] = _time(lambda: _core.copy(dst, src, threads))
-    row["triad_s"] = _triad_seconds(bytes_touched, threads)
+    if "memcpy" not in row["invalid"]:
+        src = np.ones(bytes_touched // 8, np.float32)  # read + write = bytes_touched
+        dst = np.empty_like(src)
+        row["memcpy_s"] = _time(lambda: core.copy(dst, src, threads))
+    if "triad" not in row["invalid"]:
+        row["triad_s"] = _triad_seconds(bytes_touched, threads)
     for key in ("fused", "memcpy", "triad", "numpy", "torch"):
         if f"{key}_s" in row:
             row[f"{key}_GBps"] = bytes_touched / row[f"{key}_s"] / 1e9
-    row["fused_vs_triad"] = row["fused_GBps"] / row["triad_GBps"]
-    row["fused_vs_memcpy"] = row["fused_GBps"] / row["memcpy_GBps"]
+    if "triad_s" in row:
+        row["fused_vs_triad"] = row["fused_GBps"] / row["triad_GBps"]
+    if "memcpy_s" in row:
+        row["fused_vs_memcpy"] = row["fused_GBps"] / row["memcpy_GBps"]
     row["speedup_vs_numpy"] = row["numpy_s"] / row["fused_s"]
-    if with_torch:
+    if "torch_s" in row:
         row["speedup_vs_torch"] = row["torch_s"] / row["fused_s"]
     return row
 
 
 def bench_kernel(sizes: list[int], threads: int, with_torch: bool) -> dict:
     rows = [_kernel_row(n, threads, with_torch) for n in sizes]
-    return {"bench": "kernel", "threads": threads, "machine": _machine(), "rows": rows}
+    checks = {"fused C++": "θ bit-identical, same π histogram and clamp counts"}
+    if with_torch:
+        worst = max(r["torch_max_abs_diff"] for r in rows)
+        checks["torch"] = (f"max |θ − θ_ref| {worst:.3g}, tolerance {TORCH_ROUNDINGS} "
+                           "float32 roundings of |θ| + π_max|Δθ|")
+    checks["memcpy"] = "exact copy"
+    checks["triad"] = "a = b + q·c"
+    failed = {k for r in rows for k in r["invalid"]}
+    validated = [f"{k} ({v})" for k, v in checks.items() if k not in failed]
+    return {"bench": "kernel", "threads": threads, "machine": _machine(), "rows": rows,
+            "validated": validated, "failed": sorted(failed), "timing": "cache-warm"}
 
 
 def print_kernel(result: dict) -> None:
     print(f"gem_mpi.bench kernel: {result['machine']}; {result['threads']} thread(s); "
           f"{GEM_BYTES_PER_ELEMENT} bytes touched per element")
+    failed = f"; FAILED, not timed: {', '.join(result['failed'])}" if result["failed"] else ""
+    print("validated before timing, on the inputs of the numpy reference gem_step_numpy "
+          f"(timed as ×numpy): {'; '.join(result['validated'])}{failed}")
+    print("timings are cache-warm: the median of repeated calls on the same buffers, so "
+          "sizes whose bytes fit in the cache run from it")
     cols = ["elements", "fused GB/s", "triad GB/s", "memcpy GB/s", "fused/triad",
             "×numpy", "×torch", "fused ms"]
     print("  ".join(f"{c:>11}" for c in cols))
+
+    def num(r: dict, key: str, variant: str, fmt: str) -> str:
+        if variant in r["invalid"]:
+            return "invalid"
+        return format(r[key], fmt) if key in r else "-"
+
     for r in result["rows"]:
-        vals = [f"{r['elements']:.0e}", f"{r['fused_GBps']:.2f}", f"{r['triad_GBps']:.2f}",
-                f"{r['memcpy_GBps']:.2f}", f"{r['fused_vs_triad']:.2f}",
-                f"{r['speedup_vs_numpy']:.1f}",
-                f"{r['speedup_vs_torch']:.1f}" if "speedup_vs_torch" in r else "-",
-                f"{1e3 * r['fused_s']:.3f}"]
+        vals = [f"{r['elements']:.0e}", f"{r['fused_GBps']:.2f}",
+                num(r, "triad_GBps", "triad", ".2f"), num(r, "memcpy_GBps", "memcpy", ".2f"),
+                num(r, "fused_vs_triad", "triad", ".2f"), f"{r['speedup_vs_numpy']:.1f}",
+                num(r, "speedup_vs_torch", "torch", ".1f"), f"{1e3 * r['fused_s']:.3f}"]
         print("  ".join(f"{v:>11}" for v in vals))
+    for r in result["rows"]:
+        for variant, why in r["invalid"].items():
+            print(f"{variant} at {r['elements']} elements: invalid, not timed: {why}")
 
 
 def bench_master(sizes: list[int], updates: int, threads: int, poll_ms: float) -> dict | None:
     """Workers commit pre-computed GEM updates as fast as they can; the real master applies."""
+    from gem_mpi.algorithm.rule import payload_floats
     from gem_mpi.config import Config
-    from gem_mpi.master import Master
+    from gem_mpi.engine.master import Master
     from gem_mpi.problem import build_problem
-    from gem_mpi.transport import KIND_DONE, KIND_UPDATE, MPI, Layout, WorkerEndpoint
+    from gem_mpi.transport import start_mpi
+    from gem_mpi.transport.endpoints import DONE, UPDATE, Layout, WorkerEndpoint
 
-    comm = MPI.COMM_WORLD
+    comm = start_mpi()
     rank, size = comm.Get_rank(), comm.Get_size()
     if size < 2:
         raise SystemExit("bench master needs mpirun with at least 2 ranks")
@@ -183,15 +300,18 @@ def bench_master(sizes: list[int], updates: int, threads: int, poll_ms: float) -
     rows = []
     for n in sizes:
         tmp = tempfile.mkdtemp() if rank == 0 else None
-        cfg = Config(method="gem", model="quadratic", dataset="synthetic", quadratic_dim=n,
-                     eval_every=0, max_steps=max(1, updates // n_workers),
-                     metrics=os.path.join(tmp, "bench.h5") if tmp else None)
-        problem = build_problem(cfg, with_theta0=rank == 0)
-        layout = Layout(n_workers, problem.n_params, gem.payload_floats("gem", n))
+        cfg = Config.of(method="gem", model="quadratic", dataset="synthetic", quadratic_dim=n,
+                        eval_every=0, max_steps=max(1, updates // n_workers),
+                        metrics=os.path.join(tmp, "bench.h5") if tmp else None)
+        steps = cfg.data.max_steps
+        problem = build_problem(cfg.data, with_theta0=rank == 0)
+        layout = Layout(n_workers, problem.n_params, payload_floats("gem", n))
         if rank == 0:
             triad_s = _triad_seconds(GEM_BYTES_PER_ELEMENT * n, threads)
             kernel = gem.Kernel(problem.offsets, threads=threads)
-            summary = Master(cfg, comm, layout, problem, kernel).run()
+            master = Master(cfg, comm, layout, problem, kernel)
+            master.run()
+            summary = master.sup.summary
             ups = summary["updates"] / summary["wall_s"]
             bound = 1.0 / triad_s  # one update touches as many bytes as one triad call here
             split = {k: summary[f"master_{k}_s"] / summary["wall_s"]
@@ -209,11 +329,11 @@ def bench_master(sizes: list[int], updates: int, threads: int, poll_ms: float) -
             delta = (np.random.default_rng(rank).normal(size=n) * 1e-3).astype(np.float32)
             a = np.abs(delta) * np.float32(2.0)
             version = ep.pull()
-            for seq in range(cfg.max_steps):
-                ep.commit(KIND_UPDATE, seq, version, 0.0, 0.0, (delta, a, ep.theta))
+            for seq in range(steps):
+                ep.commit(UPDATE, seq, version, 0.0, 0.0, (delta, a, ep.theta))
                 ep.wait_slot_free()
                 version = ep.pull()
-            ep.commit(KIND_DONE, cfg.max_steps, version)
+            ep.commit(DONE, steps, version)
             ep.wait_shutdown()
             ep.close()
     if rank != 0:
@@ -272,9 +392,9 @@ def _transport_row(comm: MPI.Intracomm, n: int) -> dict | None:
 
 
 def bench_transport(sizes: list[int]) -> dict | None:
-    from gem_mpi.transport import MPI
+    from gem_mpi.transport import MPI, start_mpi
 
-    comm = MPI.COMM_WORLD
+    comm = start_mpi()
     if comm.Get_size() != 2:
         raise SystemExit("bench transport needs exactly 2 ranks: mpirun -n 2 ...")
     rows = [_transport_row(comm, n) for n in sizes]
@@ -305,7 +425,7 @@ def _compare_run(method: str, workers: int, args: argparse.Namespace, out_dir: s
     import shlex
     import subprocess
 
-    from gem_mpi import analysis
+    from gem_mpi.outputs import analysis
 
     ranks = workers if method == "sync" else workers + 1
     # evaluations at the same numbers of samples: sync counts steps of all workers at once
@@ -342,7 +462,7 @@ def bench_compare(args: argparse.Namespace) -> dict:
     """Each method trains the same model on the same data streams with the same per-worker
     budget, one after the other (never at once: they would share the cores)."""
     if "sync" in args.methods:
-        from gem_mpi.sync import check_horovod
+        from gem_mpi.baseline.sync import check_horovod
 
         check_horovod()
     rows = []
@@ -385,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gem_mpi.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
-    k = sub.add_parser("kernel", help="fused kernel vs numpy, torch, memcpy and triad")
+    k = sub.add_parser("kernel", help="fused kernel vs numpy, torch, memcpy and triad, each "
+                       "validated against the numpy reference first")
     k.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
     k.add_argument("--no-torch", action="store_true", help="skip the torch eager column")
     m = sub.add_parser("master", help="master updates/s under mpirun")

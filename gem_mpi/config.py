@@ -1,68 +1,186 @@
-"""Command-line options of ``python -m gem_mpi.train`` and their validation.
+"""Options of ``python -m gem_mpi.train``, in sections, and the names every module shares.
 
-Every rank parses the same argv; parsing never exits or prints by itself, so that a bad
-option becomes one line from rank 0 and a non-zero exit on every rank instead of a usage
-message per rank.
+Each section is a frozen dataclass whose fields carry their own help text and validity rule;
+the command-line parser and the validation are built from them, so an option is declared in
+one place. Each component receives only its section (the worker its ``optim`` and ``data``,
+the run supervisor its ``monitor`` and ``outputs``, ...). Every rank parses the same argv;
+parsing never exits or prints by itself, so a bad option becomes one line from rank 0 and a
+non-zero exit on every rank instead of a usage message per rank.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from gem_mpi.errors import UsageError
-from gem_mpi.gem import METHODS
 
+# --- the vocabularies: every module takes its names from here -----------------------------
+GEM, DOWNPOUR, ADAPTIVE = "gem", "downpour", "adaptive"
+ASYNC_METHODS = (GEM, DOWNPOUR, ADAPTIVE)  # applied by the master on rank 0
 SYNC = "sync"  # synchronous momentum SGD on Horovod: every rank a worker, no master
-ALL_METHODS = (*METHODS, SYNC)
-MODELS = ("mnist-cnn", "alexnet", "resnet18", "quadratic")
+METHODS = (*ASYNC_METHODS, SYNC)
+QUADRATIC = "quadratic"  # the numpy test problem: no torch, no data
+TORCH_MODELS = ("mnist-cnn", "alexnet", "resnet18")
+MODELS = (*TORCH_MODELS, QUADRATIC)
 DATASETS = ("fashion-mnist", "mnist", "imagenet", "synthetic")
+
+Check = tuple[Callable[[Any], bool], str]  # (is it valid?, what "must be" says otherwise)
+
+
+def _float32_positive(v: float) -> bool:
+    """Positive and finite once cast to the float32 the kernel computes in."""
+    with np.errstate(over="ignore"):
+        x = np.float32(v)
+    return bool(np.isfinite(x) and x > 0)
+
+
+POSITIVE: Check = (lambda v: v > 0, "> 0")
+POSITIVE_F32: Check = (_float32_positive, "> 0 and finite in float32")
+NON_NEGATIVE: Check = (lambda v: v >= 0, ">= 0")
+
+
+def opt(default: Any, help: str, *, check: Check | None = None, flag: str | None = None,
+        metavar: str | None = None) -> Any:
+    """A config field: its default, its --help text, and the rule its value must follow."""
+    return field(default=default, metadata={"help": help, "check": check, "flag": flag,
+                                            "metavar": metavar})
 
 
 @dataclass(frozen=True)
-class Config:
-    method: str = "gem"
-    model: str = "mnist-cnn"
-    dataset: str = "fashion-mnist"
-    data_dir: str | None = None
-    lr: float = 0.05
-    momentum: float = 0.9
-    kappa: float = 1.0
-    pi_max: float = 5.0
-    eps: float = 1e-16
-    batch_size: int = 64
-    epochs: int = 1
-    max_steps: int = 0
-    shard: bool = False
-    seed: int = 0
-    eval_every: int = 2000
-    eval_batch_size: int = 1000
-    metrics: str | None = None
-    save: str | None = None
-    synthetic_size: int = 60000
-    quadratic_dim: int = 100_000
-    threads: int = 0
-    poll_max_ms: float = 5.0
-    log_every: float = 10.0
-    verbose: bool = False
-    no_extension: bool = False
-    straggler: str | None = None
-    stop_on_divergence: bool = True
-    divergence_factor: float = 1000.0
-    checkpoint_dir: str | None = None
-    checkpoint_every: float = 300.0
-    resume: str | None = None
-    min_free_mb: float = 64.0
-    worker_timeout: float = 1800.0
+class OptimConfig:
+    """The update rule and its hyper-parameters."""
 
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    method: str = opt(GEM, f"update rule at the master: {', '.join(ASYNC_METHODS)}; or sync: "
+                      "synchronous momentum SGD on Horovod (every rank a worker, no master), "
+                      "GEM's proxy, the baseline to compare with")
+    lr: float = opt(0.05, "learning rate η (> 0)", check=POSITIVE)
+    momentum: float = opt(0.9, "proxy momentum μ in [0, 1)",
+                          check=(lambda v: 0 <= v < 1, "in [0, 1)"))
+    kappa: float = opt(1.0, "proxy amplification κ (> 0)", check=POSITIVE)
+    pi_max: float = opt(5.0, "upper clamp of the GEM scale π (> 0)", check=POSITIVE_F32)
+    eps: float = opt(1e-16, "ε in π's denominator |Δθ| + ε (> 0)", check=POSITIVE_F32)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What is trained, on which data, and each worker's budget."""
+
+    model: str = opt("mnist-cnn", f"model: {', '.join(MODELS)} (quadratic: a convex test "
+                     "problem in numpy, no torch, for checks and transport benchmarks)")
+    dataset: str = opt("fashion-mnist", f"dataset: {', '.join(DATASETS)}")
+    data_dir: str | None = opt(None, "dataset location (default: Debian's "
+                               "/usr/share/datasets/fashion-mnist, then ~/.cache/gem_mpi/data)")
+    batch_size: int = opt(64, "worker mini-batch b", check=POSITIVE)
+    epochs: int = opt(1, "epochs of the training set per worker", check=POSITIVE)
+    max_steps: int = opt(0, "cap on each worker's steps (0: no cap; the epochs decide)",
+                         check=NON_NEGATIVE)
+    shard: bool = opt(False, "each worker uses a disjoint shard of the data instead of the "
+                      "whole set with its own shuffle")
+    seed: int = opt(0, "seed of θ₀ and of the workers' shuffles")
+    synthetic_size: int = opt(60000, "samples per epoch of --dataset synthetic",
+                              check=POSITIVE)
+    quadratic_dim: int = opt(100_000, "parameters of --model quadratic", check=POSITIVE)
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """What rank 0 watches while the run goes: evaluation, progress, the stop checks."""
+
+    eval_every: int = opt(2000, "evaluate the central variable every N master updates (0: "
+                          "only at the end)", check=NON_NEGATIVE)
+    eval_batch_size: int = opt(1000, "evaluation batch size", check=POSITIVE)
+    log_every: float = opt(10.0, "seconds between progress lines when the output is not a "
+                           "terminal", check=POSITIVE)
+    verbose: bool = opt(False, "workers report their own progress too")
+    stop_on_divergence: bool = opt(True, "keep going when the run diverges",
+                                   flag="--no-stop-on-divergence")
+    divergence_factor: float = opt(1000.0, "the run has diverged when the smoothed worker loss "
+                                   "exceeds this many times its lowest value so far, or turns "
+                                   "NaN/Inf, or θ does", check=(lambda v: v > 1, "> 1"))
+    min_free_mb: float = opt(64.0, "stop the run cleanly (exit 1, after a checkpoint) when the "
+                             "metrics file's file system has less than this many MB free, "
+                             "before a full disk can damage the file (0: no check)",
+                             check=NON_NEGATIVE)
+    worker_timeout: float = opt(1800.0, "end the job (after a checkpoint, naming the worker) "
+                                "when a worker has sent nothing for this many seconds: stuck, "
+                                "not just slow (0: never)", check=NON_NEGATIVE)
 
     @property
     def min_free_bytes(self) -> int:
         return int(self.min_free_mb * 2**20)
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Files the run writes and the checkpoint it may continue from."""
+
+    metrics: str | None = opt(None, "HDF5 file for the metrics (rank 0 writes it)")
+    save: str | None = opt(None, "save the final model's state_dict here (torch.save)")
+    checkpoint_dir: str | None = opt(None, "the master writes checkpoints here (HDF5, "
+                                     "atomically; the newest is kept)")
+    checkpoint_every: float = opt(300.0, "seconds between checkpoints (0: only when stopped by "
+                                  "SIGUSR1/SIGTERM)", check=NON_NEGATIVE)
+    resume: str | None = opt(None, "continue from this checkpoint, or 'auto': the newest in "
+                             "--checkpoint-dir if there is one, else start afresh")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How the ranks use the machine."""
+
+    threads: int = opt(0, "torch intra-op threads per worker (0: the node's cores divided by "
+                       "the ranks on the node)", check=NON_NEGATIVE)
+    poll_max_ms: float = opt(5.0, "longest sleep of an idle worker between polls of the "
+                             "master", check=POSITIVE)
+    no_extension: bool = opt(False, "use the numpy reference at the master even when the C++ "
+                             "extension is built")
+    straggler: str | None = opt(None, "make worker WORKER (1..n: its MPI rank, or rank "
+                                "WORKER-1 with --method sync, which has no master) FACTOR "
+                                "times slower (it sleeps after each step): to see what "
+                                "asynchrony buys", metavar="WORKER:FACTOR")
+
+
+SECTIONS = {"optim": OptimConfig, "data": DataConfig, "monitor": MonitorConfig,
+            "outputs": OutputConfig, "runtime": RuntimeConfig}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole run's options: one section per component."""
+
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    outputs: OutputConfig = field(default_factory=OutputConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    @classmethod
+    def of(cls, **options: Any) -> Config:
+        """A config from flat option names (``lr=0.1, metrics="run.h5"``), for programs and
+        tests that build one without a command line."""
+        sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        owner = {f.name: name for name, sec in SECTIONS.items() for f in dataclasses.fields(sec)}
+        for key, value in options.items():
+            if key not in owner:
+                raise TypeError(f"no option {key!r}")
+            sections[owner[key]][key] = value
+        return cls(**{name: SECTIONS[name](**kw) for name, kw in sections.items()})
+
+    def as_dict(self) -> dict:
+        """Flat option name -> value: what metrics files and checkpoints record."""
+        return {k: v for name in SECTIONS for k, v in dataclasses.asdict(getattr(self, name)).items()}
+
+    @property
+    def method(self) -> str:
+        return self.optim.method
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,8 +193,11 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message or f"exit {status}")
 
 
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    d = Config()
     p = _Parser(
         prog="python -m gem_mpi.train",
         description="Asynchronous data-parallel training with Gradient Energy Matching. "
@@ -85,77 +206,30 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         add_help=False,
     )
-    a = p.add_argument
-    a("-h", "--help", action="store_true", help="show this help and exit")
-    a("--method", default=d.method, help=f"update rule at the master: {', '.join(METHODS)}; "
-      "or sync: synchronous momentum SGD on Horovod (every rank a worker, no master), "
-      "GEM's proxy, the baseline to compare with")
-    a("--model", default=d.model, help=f"model: {', '.join(MODELS)} (quadratic: a convex "
-      "test problem in numpy, no torch, for checks and transport benchmarks)")
-    a("--dataset", default=d.dataset, help=f"dataset: {', '.join(DATASETS)}")
-    a("--data-dir", default=d.data_dir, help="dataset location (default: Debian's "
-      "/usr/share/datasets/fashion-mnist, then ~/.cache/gem_mpi/data)")
-    a("--lr", type=float, default=d.lr, help="learning rate η (> 0)")
-    a("--momentum", type=float, default=d.momentum, help="proxy momentum μ in [0, 1)")
-    a("--kappa", type=float, default=d.kappa, help="proxy amplification κ (> 0)")
-    a("--pi-max", type=float, default=d.pi_max, help="upper clamp of the GEM scale π (> 0)")
-    a("--eps", type=float, default=d.eps, help="ε in π's denominator |Δθ| + ε (> 0)")
-    a("--batch-size", type=int, default=d.batch_size, help="worker mini-batch b")
-    a("--epochs", type=int, default=d.epochs, help="epochs of the training set per worker")
-    a("--max-steps", type=int, default=d.max_steps, help="cap on each worker's steps "
-      "(0: no cap; the epochs decide)")
-    a("--shard", action="store_true", help="each worker uses a disjoint shard of the data "
-      "instead of the whole set with its own shuffle")
-    a("--seed", type=int, default=d.seed, help="seed of θ₀ and of the workers' shuffles")
-    a("--eval-every", type=int, default=d.eval_every, help="evaluate the central variable "
-      "every N master updates (0: only at the end)")
-    a("--eval-batch-size", type=int, default=d.eval_batch_size, help="evaluation batch size")
-    a("--metrics", default=d.metrics, help="HDF5 file for the metrics (rank 0 writes it)")
-    a("--save", default=d.save, help="save the final model's state_dict here (torch.save)")
-    a("--synthetic-size", type=int, default=d.synthetic_size, help="samples per epoch of "
-      "--dataset synthetic")
-    a("--quadratic-dim", type=int, default=d.quadratic_dim, help="parameters of --model "
-      "quadratic")
-    a("--threads", type=int, default=d.threads, help="torch intra-op threads per worker "
-      "(0: the node's cores divided by the ranks on the node)")
-    a("--poll-max-ms", type=float, default=d.poll_max_ms, help="longest sleep of an idle "
-      "worker between polls of the master")
-    a("--log-every", type=float, default=d.log_every, help="seconds between progress lines "
-      "when the output is not a terminal")
-    a("--verbose", action="store_true", help="workers report their own progress too")
-    a("--no-extension", action="store_true", help="use the numpy reference at the master "
-      "even when the C++ extension is built")
-    a("--straggler", default=d.straggler, metavar="WORKER:FACTOR", help="make worker "
-      "WORKER (1..n: its MPI rank, or rank WORKER-1 with --method sync, which has no master) "
-      "FACTOR times slower (it sleeps after each step): to see what asynchrony buys")
-    a("--no-stop-on-divergence", dest="stop_on_divergence", action="store_false",
-      help="keep going when the run diverges")
-    a("--divergence-factor", type=float, default=d.divergence_factor, help="the run has "
-      "diverged when the smoothed worker loss exceeds this many times its lowest value so "
-      "far, or turns NaN/Inf, or θ does")
-    a("--checkpoint-dir", default=d.checkpoint_dir, help="the master writes checkpoints "
-      "here (HDF5, atomically; the newest is kept)")
-    a("--checkpoint-every", type=float, default=d.checkpoint_every, help="seconds between "
-      "checkpoints (0: only when stopped by SIGUSR1/SIGTERM)")
-    a("--resume", default=d.resume, help="continue from this checkpoint, or 'auto': the "
-      "newest in --checkpoint-dir if there is one, else start afresh")
-    a("--min-free-mb", type=float, default=d.min_free_mb, help="stop the run cleanly (exit "
-      "1, after a checkpoint) when the metrics file's file system has less than this many "
-      "MB free, before a full disk can damage the file (0: no check)")
-    a("--worker-timeout", type=float, default=d.worker_timeout, help="end the job (after a "
-      "checkpoint, naming the worker) when a worker has sent nothing for this many seconds: "
-      "stuck, not just slow (0: never)")
+    p.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    for name, section in SECTIONS.items():
+        group = p.add_argument_group(name, section.__doc__)
+        for f in dataclasses.fields(section):
+            kw: dict[str, Any] = {"dest": f.name, "help": f.metadata["help"]}
+            if isinstance(f.default, bool):  # a switch: its flag turns the default around
+                kw["action"] = "store_false" if f.default else "store_true"
+            else:
+                kw["default"] = f.default
+                if f.default is not None:
+                    kw["type"] = type(f.default)
+                if f.metadata.get("metavar"):
+                    kw["metavar"] = f.metadata["metavar"]
+            group.add_argument(_flag(f), **kw)
     return p
 
 
 def parse(argv: list[str]) -> tuple[Config | None, str | None]:
     """Returns (config, None), or (None, help text) when --help was asked for."""
     parser = build_parser()
-    ns = parser.parse_args(argv)
-    if ns.help:
+    ns = vars(parser.parse_args(argv))
+    if ns.pop("help"):
         return None, parser.format_help()
-    fields = {f.name for f in dataclasses.fields(Config)}
-    return Config(**{k: v for k, v in vars(ns).items() if k in fields}), None
+    return Config.of(**ns), None
 
 
 def n_workers(cfg: Config, world_size: int) -> int:
@@ -165,13 +239,14 @@ def n_workers(cfg: Config, world_size: int) -> int:
 
 def straggler(cfg: Config, world_size: int) -> tuple[int, float] | None:
     """(worker number 1..n, factor) of --straggler WORKER:FACTOR, or None."""
-    if cfg.straggler is None:
+    text = cfg.runtime.straggler
+    if text is None:
         return None
     try:
-        rank_text, factor_text = cfg.straggler.split(":")
+        rank_text, factor_text = text.split(":")
         rank, factor = int(rank_text), float(factor_text)
     except ValueError:
-        raise UsageError(f"--straggler wants WORKER:FACTOR, e.g. 2:5, got {cfg.straggler!r}")
+        raise UsageError(f"--straggler wants WORKER:FACTOR, e.g. 2:5, got {text!r}") from None
     n = n_workers(cfg, world_size)
     if not 1 <= rank <= n:
         raise UsageError(f"--straggler worker must be in 1..{n}, got {rank}")
@@ -188,68 +263,55 @@ def _writable_target(path: str, what: str) -> None:
         raise UsageError(f"{what} {path!r}: directory {parent!r} is not writable")
 
 
+def _check_fields(cfg: Config) -> None:
+    for name in SECTIONS:
+        section = getattr(cfg, name)
+        for f in dataclasses.fields(section):
+            check = f.metadata["check"]
+            value = getattr(section, f.name)
+            # a failed comparison also catches NaN; an infinite value is never meant
+            if check and not (check[0](value) and not _infinite(value)):
+                raise UsageError(f"{_flag(f)} must be {check[1]}, got {value}")
+
+
+def _infinite(value: Any) -> bool:
+    return isinstance(value, float) and math.isinf(value)
+
+
 def validate(cfg: Config, world_size: int) -> None:
     """Checks that need no data and no MPI; raises UsageError with one readable line."""
-    if world_size < 2 and cfg.method != SYNC:
+    method, model, dataset = cfg.method, cfg.data.model, cfg.data.dataset
+    if world_size < 2 and method != SYNC:
         raise UsageError(
             f"needs at least 2 MPI ranks (1 master + workers), got {world_size}: "
             "launch with e.g. mpirun -n 5 python -m gem_mpi.train"
         )
-    if cfg.method not in ALL_METHODS:
-        raise UsageError(
-            f"unknown --method {cfg.method!r}; choose from {', '.join(ALL_METHODS)}"
-        )
-    if cfg.model not in MODELS:
-        raise UsageError(f"unknown --model {cfg.model!r}; choose from {', '.join(MODELS)}")
-    if cfg.dataset not in DATASETS:
-        raise UsageError(
-            f"unknown --dataset {cfg.dataset!r}; choose from {', '.join(DATASETS)}"
-        )
-    if cfg.model == "quadratic" and cfg.dataset != "synthetic":
+    if method not in METHODS:
+        raise UsageError(f"unknown --method {method!r}; choose from {', '.join(METHODS)}")
+    if model not in MODELS:
+        raise UsageError(f"unknown --model {model!r}; choose from {', '.join(MODELS)}")
+    if dataset not in DATASETS:
+        raise UsageError(f"unknown --dataset {dataset!r}; choose from {', '.join(DATASETS)}")
+    if model == QUADRATIC and dataset != "synthetic":
         raise UsageError("--model quadratic uses no data: pass --dataset synthetic")
-    if cfg.method == SYNC and cfg.model == "quadratic":
+    if method == SYNC and model == QUADRATIC:
         raise UsageError("--method sync trains torch models (Horovod): --model quadratic is "
                          "for the asynchronous methods only")
-    checks = [
-        (cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}"),
-        (0 <= cfg.momentum < 1, f"--momentum must be in [0, 1), got {cfg.momentum}"),
-        (cfg.kappa > 0, f"--kappa must be > 0, got {cfg.kappa}"),
-        (cfg.pi_max > 0, f"--pi-max must be > 0, got {cfg.pi_max}"),
-        (cfg.eps > 0, f"--eps must be > 0, got {cfg.eps}"),
-        (cfg.batch_size > 0, f"--batch-size must be > 0, got {cfg.batch_size}"),
-        (cfg.epochs > 0, f"--epochs must be > 0, got {cfg.epochs}"),
-        (cfg.max_steps >= 0, f"--max-steps must be >= 0, got {cfg.max_steps}"),
-        (cfg.eval_every >= 0, f"--eval-every must be >= 0, got {cfg.eval_every}"),
-        (cfg.eval_batch_size > 0, f"--eval-batch-size must be > 0, got {cfg.eval_batch_size}"),
-        (cfg.synthetic_size > 0, f"--synthetic-size must be > 0, got {cfg.synthetic_size}"),
-        (cfg.quadratic_dim > 0, f"--quadratic-dim must be > 0, got {cfg.quadratic_dim}"),
-        (cfg.threads >= 0, f"--threads must be >= 0, got {cfg.threads}"),
-        (cfg.poll_max_ms > 0, f"--poll-max-ms must be > 0, got {cfg.poll_max_ms}"),
-        (cfg.log_every > 0, f"--log-every must be > 0, got {cfg.log_every}"),
-        (cfg.divergence_factor > 1,
-         f"--divergence-factor must be > 1, got {cfg.divergence_factor}"),
-        (cfg.checkpoint_every >= 0,
-         f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
-        (cfg.min_free_mb >= 0, f"--min-free-mb must be >= 0, got {cfg.min_free_mb}"),
-        (cfg.worker_timeout >= 0, f"--worker-timeout must be >= 0, got {cfg.worker_timeout}"),
-    ]
-    for ok, message in checks:
-        if not ok:  # also catches NaN, which fails every comparison
-            raise UsageError(message)
-    if cfg.metrics:
-        _writable_target(cfg.metrics, "--metrics")
-        if os.path.isdir(cfg.metrics):
-            raise UsageError(f"--metrics {cfg.metrics!r} is a directory")
-    if cfg.save:
-        _writable_target(cfg.save, "--save")
-    if cfg.straggler is not None:
-        straggler(cfg, world_size)
-    if cfg.checkpoint_dir:
-        if not os.path.isdir(cfg.checkpoint_dir):
-            raise UsageError(f"--checkpoint-dir {cfg.checkpoint_dir!r} does not exist")
-        if not os.access(cfg.checkpoint_dir, os.W_OK):
-            raise UsageError(f"--checkpoint-dir {cfg.checkpoint_dir!r} is not writable")
-    if cfg.resume and cfg.resume != "auto" and not os.path.isfile(cfg.resume):
-        raise UsageError(f"--resume {cfg.resume!r}: no such file")
-    if cfg.resume == "auto" and not cfg.checkpoint_dir:
+    _check_fields(cfg)
+    out = cfg.outputs
+    if out.metrics:
+        _writable_target(out.metrics, "--metrics")
+        if os.path.isdir(out.metrics):
+            raise UsageError(f"--metrics {out.metrics!r} is a directory")
+    if out.save:
+        _writable_target(out.save, "--save")
+    straggler(cfg, world_size)
+    if out.checkpoint_dir:
+        if not os.path.isdir(out.checkpoint_dir):
+            raise UsageError(f"--checkpoint-dir {out.checkpoint_dir!r} does not exist")
+        if not os.access(out.checkpoint_dir, os.W_OK):
+            raise UsageError(f"--checkpoint-dir {out.checkpoint_dir!r} is not writable")
+    if out.resume and out.resume != "auto" and not os.path.isfile(out.resume):
+        raise UsageError(f"--resume {out.resume!r}: no such file")
+    if out.resume == "auto" and not out.checkpoint_dir:
         raise UsageError("--resume auto needs --checkpoint-dir")

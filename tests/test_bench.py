@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, mpi_env, mpirun
 
 
@@ -19,6 +20,44 @@ def test_bench_kernel_reports_ratios_to_numpy_and_triad(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["elements"] for r in rows] == [1000, 20000]
     assert "fused/triad" in res.stdout and "×numpy" in res.stdout
+    # every variant timed was first checked against the numpy reference, and the header says so
+    [line] = [ln for ln in res.stdout.splitlines() if ln.startswith("validated before timing")]
+    assert "gem_step_numpy" in line and "fused C++ (θ bit-identical" in line
+    assert "memcpy" in line and "triad" in line and "torch" not in line  # --no-torch
+    assert "FAILED" not in line and "invalid" not in res.stdout
+    assert "timings are cache-warm" in res.stdout
+
+
+def test_bench_kernel_refuses_to_time_a_torch_step_that_differs_from_the_reference(
+        monkeypatch, capsys):
+    pytest.importorskip("torch")
+    from gem_mpi import bench
+
+    right = bench._torch_gem
+
+    def off_by_a_little(*args):  # θ moved by 1e-3 Δθ more than the rule says
+        step = right(*args)
+
+        def wrong(theta, delta, a, s):
+            out = step(theta, delta, a, s)
+            theta.add_(delta * 1e-3)
+            return out
+
+        return wrong
+
+    result = bench.bench_kernel([2000], 1, with_torch=True)  # the real one first: within
+    assert result["failed"] == [] and result["rows"][0]["torch_max_abs_diff"] <= 1e-6
+    assert "speedup_vs_torch" in result["rows"][0]
+    monkeypatch.setattr(bench, "_torch_gem", off_by_a_little)
+    result = bench.bench_kernel([2000], 1, with_torch=True)
+    [row] = result["rows"]
+    assert result["failed"] == ["torch"] and "torch_s" not in row
+    assert row["torch_max_abs_diff"] > 1e-6
+    bench.print_kernel(result)
+    out = capsys.readouterr().out
+    assert "FAILED, not timed: torch" in out
+    assert out.splitlines()[4].split()[6] == "invalid"  # the ×torch column of the one row
+    assert "torch at 2000 elements: invalid, not timed: θ differs from the reference" in out
 
 
 def test_bench_master_splits_the_masters_time(tmp_path):

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 from conftest import rank_pids, signal_when, train, train_background, wait_until
-from test_train_invariants import replay_fixed
 
-from gem_mpi import checkpoint
-from gem_mpi.metrics import read_run
-from gem_mpi.quadratic import Quadratic
+from gem_mpi.algorithm.reference import replay
+from gem_mpi.outputs import checkpoint
+from gem_mpi.outputs.analysis import load_run
+from gem_mpi.problem.quadratic import Quadratic
 
 DIM, STEPS, WORKERS, LR = 2000, 15000, 4, 0.05
 
@@ -38,17 +38,17 @@ def _has_checkpoint(tmp: Path) -> Callable[[], bool]:
 
 
 def _check_whole_run(tmp: Path) -> None:
-    run = read_run(str(tmp / "run.h5"))
-    u = run["updates"]
-    assert run["summary"]["finished"] == 1.0
-    assert run["attrs"]["resumes"] >= 1
+    run = load_run(tmp / "run.h5")
+    u = run.updates
+    assert run.summary["finished"] == 1.0
+    assert run.attrs["resumes"] >= 1
     pairs = Counter(zip(u["worker"].tolist(), u["seq"].tolist()))
     assert set(pairs) == {(w, s) for w in range(1, WORKERS + 1) for s in range(STEPS)}
     assert max(pairs.values()) == 1  # nothing applied twice, nothing missing
     assert u["clock"].tolist() == list(range(WORKERS * STEPS))
     assert np.all(np.diff(u["time"]) >= 0)  # the clock and the times continue
-    theta, _ = replay_fixed(u, DIM, LR, "downpour")
-    assert np.array_equal(np.load(tmp / "theta.npy"), theta)
+    ref = replay(u, Quadratic(DIM, 0), "downpour", LR)
+    assert np.array_equal(np.load(tmp / "theta.npy"), ref.theta)
 
 
 def test_stop_signal_checkpoints_and_resume_finishes_exactly(tmp_path):
@@ -57,9 +57,9 @@ def test_stop_signal_checkpoints_and_resume_finishes_exactly(tmp_path):
     assert proc.returncode == 3, err
     assert err.count("stopped by signal 10 at update") == 1
     assert "Traceback" not in err
-    stopped = read_run(str(tmp_path / "run.h5"))
-    assert stopped["summary"]["finished"] == 0.0  # readable, and says it is unfinished
-    assert 0 < stopped["summary"]["updates"] < WORKERS * STEPS
+    stopped = load_run(tmp_path / "run.h5")
+    assert stopped.summary["finished"] == 0.0  # readable, and says it is unfinished
+    assert 0 < stopped.summary["updates"] < WORKERS * STEPS
     ckpts = list(tmp_path.glob("checkpoint_*.h5"))
     assert len(ckpts) == 1 and not list(tmp_path.glob("*.tmp"))
     res = train(WORKERS + 1, *_args(tmp_path, "--resume", "auto"), timeout=300)
@@ -143,25 +143,6 @@ def test_incompatible_or_corrupt_checkpoint_is_one_line(tmp_path):
     assert "Traceback" not in res.stderr
 
 
-def _replay_gem(u: dict, dim: int, lr: float, mu: float) -> np.ndarray:
-    """Algorithm 1 over the whole log: each worker's m runs on across the resume, so the
-    result matches the run only if the resumed workers got their m back."""
-    f32 = np.float32
-    q = Quadratic(dim, 0)
-    theta = q.theta0()
-    versions = {0: theta}
-    m = {w: np.zeros(dim, f32) for w in set(u["worker"].tolist())}
-    for clock, (w, pulled) in enumerate(zip(u["worker"], u["version_pulled"])):
-        s = versions[pulled]
-        delta = f32(-lr) * (q.h * (s - q.target(w)))
-        m[w] = f32(mu) * m[w] + delta
-        pi = (np.abs(m[w]) - np.abs(theta - s)) / (np.abs(delta) + f32(1e-16))
-        theta = theta + np.clip(pi, f32(0.0), f32(PI_MAX)) * delta
-        versions[clock + 1] = theta
-        versions.pop(clock - 1000, None)
-    return theta
-
-
 PI_MAX = 50.0  # high enough that π is rarely clamped: θ then depends on every bit of m
 
 
@@ -177,7 +158,9 @@ def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path):
     res = train(WORKERS + 1, *args, "--resume", "auto", timeout=300)
     assert res.returncode == 0, res.stderr
     assert f"worker momentum restored for {WORKERS} of {WORKERS} workers" in res.stderr
-    u = read_run(str(tmp_path / "run.h5"))["updates"]
+    u = load_run(tmp_path / "run.h5").updates
     assert u["clock"].tolist() == list(range(WORKERS * steps))
-    theta = _replay_gem(u, DIM, LR, 0.9)
-    assert np.array_equal(np.load(tmp_path / "theta.npy"), theta)
+    # each worker's m runs on across the resume in the replay, so the result matches the run
+    # only if the resumed workers got their m back
+    ref = replay(u, Quadratic(DIM, 0), "gem", LR, momentum=0.9, pi_max=PI_MAX)
+    assert np.array_equal(np.load(tmp_path / "theta.npy"), ref.theta)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from gem_mpi import data, models
-from gem_mpi.data import DataSpec
 from gem_mpi.errors import DataError, UsageError
+from gem_mpi.problem import data, models
+from gem_mpi.problem.data import DataSpec
 
 FASHION = data.DEBIAN_FASHION_MNIST_DIR
 REPO = Path(__file__).resolve().parents[1]
@@ -326,7 +326,7 @@ def test_mnist_path_never_imports_torchvision() -> None:
     code = textwrap.dedent("""
         import sys
         import torch
-        from gem_mpi import data, models
+        from gem_mpi.problem import data, models
         for dataset in ("fashion-mnist", "synthetic"):
             split = data.load_split(dataset, None, "test", "mnist-cnn", synthetic_size=256)
             model = models.build_model("mnist-cnn", split.spec)

@@ -1,4 +1,4 @@
-"""gem_mpi._core's fused kernels against the numpy reference in gem_mpi.gem.
+"""gem_mpi._core's fused kernels against the numpy reference in gem_mpi.algorithm.kernel.
 
 θ must match bit for bit, the histogram exactly, the double sums to rounding. The
 extension is built by tools/install.sh (pip install .); when it is missing these tests
@@ -12,7 +12,7 @@ import importlib
 import numpy as np
 import pytest
 
-from gem_mpi import gem
+from gem_mpi.algorithm import kernel as gem
 
 EPS, PI_MAX = 1e-16, 5.0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from conftest import rank_pids, train, train_background
 
-from gem_mpi.metrics import read_run
+from gem_mpi.outputs.analysis import load_run
 
 QUAD = ["--model", "quadratic", "--dataset", "synthetic", "--quadratic-dim", "2000"]
 
@@ -25,9 +25,9 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     lines = [ln for ln in res.stderr.splitlines() if "diverged" in ln]
     assert len(lines) == 1 and "Lower --lr" in lines[0]
     assert "Traceback" not in res.stderr
-    run = read_run(str(tmp_path / "run.h5"))
-    assert run["summary"]["diverged"] == 1.0 and run["summary"]["finished"] == 0.0
-    assert run["summary"]["updates"] < 4 * 5000  # it stopped early
+    run = load_run(tmp_path / "run.h5")
+    assert run.summary["diverged"] == 1.0 and run.summary["finished"] == 0.0
+    assert run.summary["updates"] < 4 * 5000  # it stopped early
     assert not list(tmp_path.glob("checkpoint_*.h5"))  # no diverged state saved as good
 
     # the same run without the guard goes on to the end
@@ -50,7 +50,7 @@ def test_a_slow_worker_does_not_slow_the_others(tmp_path):
                 str(steps), "--straggler", "2:5", "--metrics", str(tmp_path / "run.h5"),
                 "--eval-every", "0", timeout=300)
     assert res.returncode == 0, res.stderr
-    u = read_run(str(tmp_path / "run.h5"))["updates"]
+    u = load_run(tmp_path / "run.h5").updates
     first_done = min(np.flatnonzero((u["worker"] == w) & (u["seq"] == steps - 1))[0]
                      for w in (1, 3, 4))
     counts = Counter(u["worker"][: first_done + 1].tolist())
@@ -119,7 +119,7 @@ def test_a_stuck_worker_ends_the_job_with_a_checkpoint(tmp_path):
     names it, and ends the job long before any time limit."""
     from conftest import PROGS, mpirun
 
-    from gem_mpi import checkpoint
+    from gem_mpi.outputs import checkpoint
 
     t0 = time.monotonic()
     res = mpirun(4, [str(PROGS / "stuck_worker.py"), "2", "50", *QUAD, "--method", "downpour",
@@ -134,6 +134,6 @@ def test_a_stuck_worker_ends_the_job_with_a_checkpoint(tmp_path):
     assert "--resume auto continues" in lines[0] and "Traceback" not in res.stderr
     _, state = checkpoint.load(checkpoint.latest(str(tmp_path)))
     assert state["next_seq"][1] == 50  # worker 2's 50 updates are in, the others went on
-    run = read_run(str(tmp_path / "run.h5"))
-    assert run["summary"]["finished"] == 0.0
-    assert run["updates"]["clock"].size == state["clock"]
+    run = load_run(tmp_path / "run.h5")
+    assert run.summary["finished"] == 0.0
+    assert run.updates["clock"].size == state["clock"]

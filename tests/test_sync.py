@@ -9,8 +9,9 @@ import pytest
 import torch
 from conftest import PROGS, mpirun, signal_when, train, train_background
 
-from gem_mpi import checkpoint, config
-from gem_mpi.metrics import read_run
+from gem_mpi import config
+from gem_mpi.outputs import checkpoint
+from gem_mpi.outputs.analysis import RunFileError, load_run
 
 hvd = pytest.importorskip("horovod.torch", reason="tools/install.sh builds Horovod")
 
@@ -24,16 +25,16 @@ def test_every_rank_holds_the_same_parameters_after_every_step():
 def _reference_sgd(args: list[str]) -> dict[str, torch.Tensor]:
     """Plain single-process momentum SGD over worker 1's batches and dropout masks."""
     from gem_mpi.problem import build_problem
-    from gem_mpi.worker import data_stream, seed_dropout
+    from gem_mpi.run.rank import data_stream, seed_dropout
 
     cfg, _ = config.parse(args)
     torch.set_num_threads(1)
-    model = build_problem(cfg, with_theta0=False).model
+    model = build_problem(cfg.data, with_theta0=False).model
     model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-    steps, batches = data_stream(cfg, 1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum)
+    steps, batches = data_stream(cfg.data, 1, 1)
     for step in range(steps):
-        seed_dropout(cfg, 1, step)
+        seed_dropout(cfg.data.seed, 1, step)
         x, y = next(batches)
         opt.zero_grad()
         torch.nn.functional.nll_loss(model(x), y).backward()
@@ -60,7 +61,7 @@ def build_theta0_state() -> dict[str, torch.Tensor]:
     from gem_mpi.problem import build_problem
 
     cfg, _ = config.parse(["--method", "sync"])
-    return build_problem(cfg, with_theta0=False).model.state_dict()
+    return build_problem(cfg.data, with_theta0=False).model.state_dict()
 
 
 def test_four_ranks_learn_fashion_mnist_and_write_the_step_schema(tmp_path):
@@ -68,18 +69,18 @@ def test_four_ranks_learn_fashion_mnist_and_write_the_step_schema(tmp_path):
     res = train(4, "--method", "sync", "--max-steps", "120", "--eval-every", "60",
                 "--metrics", str(h5), timeout=600)
     assert res.returncode == 0, res.stderr
-    run = read_run(str(h5))
-    u = run["updates"]
+    run = load_run(h5)
+    u = run.updates
     assert u["seq"].tolist() == list(range(120))
     assert u["loss"][-20:].mean() < 0.6 * u["loss"][:10].mean()
-    assert run["summary"]["test_accuracy"] > 0.65
+    assert run.summary["test_accuracy"] > 0.65
     assert np.all(u["loss_max"] >= u["loss"])
     # what has no meaning without a master is left out, not faked
     for absent in ("worker", "ticket", "staleness", "queue", "pi_median"):
         assert absent not in u
-    assert "rejected" not in run["summary"] and run["rejected"] == {}
-    assert run["attrs"]["method"] == "sync" and run["attrs"]["n_workers"] == 4
-    assert len(run["eval"]["clock"]) == 2  # at steps 60 and 120
+    assert "rejected" not in run.summary and run.other.get("rejected", {}) == {}
+    assert run.attrs["method"] == "sync" and run.attrs["n_workers"] == 4
+    assert len(run.eval["clock"]) == 2  # at steps 60 and 120
     # the analysis tools read it as what it is
     import subprocess
     import sys
@@ -99,8 +100,8 @@ def _steps_written(h5) -> int:
     """Rows in a metrics file being written; 0 until its writer has switched SWMR on (until
     then HDF5's file lock keeps readers out)."""
     try:
-        return read_run(str(h5))["updates"]["seq"].size
-    except OSError:
+        return load_run(h5).updates["seq"].size
+    except (RunFileError, OSError):
         return 0
 
 
@@ -123,9 +124,9 @@ def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path):
     res = train(2, *args, "--resume", "auto", timeout=300)
     assert res.returncode == 0, res.stderr
     assert "resuming" in res.stderr
-    run = read_run(str(h5))
-    assert run["updates"]["seq"].tolist() == list(range(400))  # no row lost or repeated
-    assert run["summary"]["finished"] == 1.0
+    run = load_run(h5)
+    assert run.updates["seq"].tolist() == list(range(400))  # no row lost or repeated
+    assert run.summary["finished"] == 1.0
     a, b = torch.load(whole, weights_only=True), torch.load(part, weights_only=True)
     for name in a:
         assert torch.equal(a[name], b[name]), name
@@ -178,7 +179,7 @@ def test_a_stuck_rank_ends_the_sync_job_with_a_checkpoint(tmp_path):
     assert "1!:" in res.stderr  # Horovod's stall report marks the stuck rank
     _, state = checkpoint.load(checkpoint.latest(str(tmp_path)))
     assert state["clock"] == 20 and state["momentum"] is not None
-    assert read_run(str(tmp_path / "run.h5"))["updates"]["seq"].size == 20
+    assert load_run(tmp_path / "run.h5").updates["seq"].size == 20
 
 
 def test_a_diverging_sync_run_stops_with_exit_4():

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from conftest import REPO, mpi_env, train, train_background
 
-from gem_mpi.analysis import RunFileError, RunFollower, smooth, weighted_row_median
+from gem_mpi.outputs.analysis import RunFileError, RunFollower, smooth, weighted_row_median
 
 TOOLS = REPO / "tools"
 QUAD = ["--model", "quadratic", "--dataset", "synthetic"]
@@ -138,7 +138,7 @@ def crashed(tmp_path_factory) -> Path:
     return path
 
 
-# --- gem_mpi.analysis -----------------------------------------------------------------------
+# --- gem_mpi.outputs.analysis -----------------------------------------------------------------------
 
 def test_weighted_median_and_smoothing():
     pi = np.array([[0.5, 2.0, 1.0], [0.5, np.nan, 1.0], [np.nan, np.nan, np.nan]])

@@ -16,16 +16,12 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
-# the checkout's gem_mpi before any installed copy: the tool reads what its sources write
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np
 
-from gem_mpi import analysis as an
+from gem_mpi.outputs import analysis as an
 
 PROG = "compare.py"
 FINAL_FRACTION = 0.1  # final training loss: mean over the last 10 % of each run's updates
@@ -34,7 +30,7 @@ COLUMNS = ["run", "method", "workers", "model", "status", "updates", "final_trai
 
 
 def table_rows(runs: list[an.Run]) -> list[dict[str, Any]]:
-    """One row of numbers per run, as gem_mpi.analysis computes them for every tool."""
+    """One row of numbers per run, as gem_mpi.outputs.analysis computes them for every tool."""
     rows = []
     for run in runs:
         ft = an.final_test(run)

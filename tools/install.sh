@@ -7,7 +7,8 @@
 #                                 # venv's bin/ is first on PATH
 #
 # Steps (each prints one line when it has work to do):
-#   1. Debian packages openmpi-bin libopenmpi-dev dataset-fashion-mnist g++ (apt-get; and
+#   1. Debian packages openmpi-bin libopenmpi-dev dataset-fashion-mnist g++ shellcheck (for
+#      the tests' lint of jobs/; apt-get; and
 #      python3-venv python3-dev when the python is Debian's own)
 #   2. a virtualenv at ${GEM_MPI_VENV:-$HOME/.cache/gem_mpi/venv}, shared by every checkout
 #   3. Python dependencies (torch, torchvision, mpi4py, numpy, h5py, matplotlib, ...)
@@ -42,11 +43,25 @@ _gem_install_main() {
   _gem_say() { printf 'install.sh: %s\n' "$*" >&2; }
 
   # --- 1. Debian packages ---------------------------------------------------------------
-  local debs=(openmpi-bin libopenmpi-dev dataset-fashion-mnist g++)
+  local debs=(openmpi-bin libopenmpi-dev dataset-fashion-mnist g++ shellcheck)
   # Debian's own python3 keeps venv and the C headers (for the extension) in extra packages
   case "$(command -v "${GEM_MPI_PYTHON:-python3}" 2>/dev/null)" in
     /usr/bin/*) debs+=(python3-venv python3-dev) ;;
   esac
+  # --- the plan, on a machine that has nothing yet ------------------------------------------
+  if [[ ! -x "$py" ]]; then
+    _gem_say "plan (a fresh machine: about 6 minutes, about 5 GB):"
+    _gem_say "  1. Debian packages ${debs[*]} (apt-get, as root or via sudo; GEM_MPI_SKIP_APT=1 skips)"
+    _gem_say "  2. a virtualenv at $venv"
+    _gem_say "  3. torch==$torch_pin torchvision==$tv_pin (PyPI's default build, with CUDA: about" \
+      "4.5 GB), mpi4py==$mpi4py_pin, numpy h5py matplotlib pybind11 pytest tqdm ruff cmake"
+    _gem_say "  4. gem_mpi and its C++ extension (pip install --no-build-isolation .)"
+    if [[ "${GEM_MPI_HOROVOD:-1}" != 0 ]]; then
+      _gem_say "  5. Horovod 0.28.1 built from source for --method sync (about 3 minutes, once;" \
+        "GEM_MPI_HOROVOD=0 skips)"
+    fi
+  fi
+
   if [[ "${GEM_MPI_SKIP_APT:-0}" != 1 ]]; then
     if command -v dpkg-query >/dev/null 2>&1; then
       local installed missing=() d

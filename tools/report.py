@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# the checkout's gem_mpi before any installed copy: the tool reads what its sources write
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np
 
-from gem_mpi import analysis as an
+from gem_mpi.outputs import analysis as an
 
 PROG = "report.py"
 FINAL_FRACTION = 0.1  # "final training loss": mean over the last 10 % of updates
@@ -277,7 +273,7 @@ def _num(x: float, fmt: str = ".4g") -> str:
 
 
 def summary_markdown(run: an.Run, out: Outcome) -> str:
-    """The run's numbers, each computed by gem_mpi.analysis, plus the figures' index."""
+    """The run's numbers, each computed by gem_mpi.outputs.analysis, plus the figures' index."""
     cfg, wall = run.config, an.wall_seconds(run)
     rows: list[tuple[str, str]] = [("file", f"`{run.path}`")]
     if run.finished:

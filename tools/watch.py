@@ -18,14 +18,10 @@ import argparse
 import math
 import sys
 import time
-from pathlib import Path
-
-# the checkout's gem_mpi before any installed copy: the tool reads what its sources write
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from gem_mpi import analysis as an
+from gem_mpi.outputs import analysis as an
 
 PROG = "watch.py"
 WINDOW = 200  # rows the loss/staleness/π figures of a line are taken over, at least

@@ -1,4 +1,5 @@
-# jobs/lib/common.sh - sourced by the jobs/*.sbatch scripts; not run by itself.
+# jobs/lib/common.sh - sourced by the jobs/*.sbatch scripts (then gem_job_start) and by
+# jobs/submit_sweep.sh; not run by itself.
 #
 # It finds the python that has gem_mpi, checks the training options in one process before
 # any rank starts, launches `python -m gem_mpi.train` with srun or mpirun inside the
@@ -46,13 +47,13 @@
 
 GEM_STOP_REASON=""
 GEM_LAUNCHER_PID=""
-# the sourcing script sets GEM_JOBS_DIR (this file's parent's parent); the checkout is above it
-GEM_JOBS_DIR="$(cd "${GEM_JOBS_DIR:?}" && pwd)"
+# this checkout's jobs/ (this file's parent's parent); the checkout is above it
+GEM_JOBS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck disable=SC2034 # used by the scripts that source this file
 GEM_MPI_REPO="$(dirname "$GEM_JOBS_DIR")"
 
 # the stability sweep's grid (jobs/sweep_stability.sbatch; its #SBATCH --array and --ntasks
-# match these defaults): the paper's experiment E1
+# match these defaults): the paper's stability experiment
 GEM_SWEEP_METHODS_DEFAULT="gem downpour adaptive"
 GEM_SWEEP_WORKERS_DEFAULT="5 10 20 30"
 
@@ -69,6 +70,14 @@ gem_die() { # code message...
 gem_require_slurm() {
   [[ -n ${SLURM_JOB_ID:-} && -n ${SLURM_NTASKS:-} ]] ||
     gem_die 2 "not inside a Slurm allocation: submit with sbatch (see the header)"
+}
+
+# What every batch script does first, right after sourcing this file: inside an allocation,
+# the job's environment (gem_setup_env), and the python that has gem_mpi (GEM_PY).
+gem_job_start() {
+  gem_require_slurm
+  gem_setup_env
+  gem_find_python
 }
 
 # GEM_RANKS: GEM_WORKERS + 1 if set (at most the job's tasks), else all the job's tasks.

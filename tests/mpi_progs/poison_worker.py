@@ -5,7 +5,7 @@ import sys
 import numpy as np
 
 from gem_mpi import train
-from gem_mpi.quadratic import Quadratic
+from gem_mpi.problem.quadratic import Quadratic
 from gem_mpi.transport import MPI
 
 bad_rank = int(sys.argv[1])

@@ -1,13 +1,11 @@
 """Run the real launcher with --method sync where one rank hangs (alive, silent) after some
 steps: the others wait in Horovod's allreduce until its stall check shuts it down."""
 
-import os
 import sys
 import time
 
-os.environ["GEM_MPI_THREAD_LEVEL"] = "multiple"  # as train.py sets it for --method sync
-
-from gem_mpi import sync, train
+from gem_mpi import train
+from gem_mpi.baseline import sync
 from gem_mpi.transport import MPI
 
 stuck_rank, after = int(sys.argv[1]), int(sys.argv[2])

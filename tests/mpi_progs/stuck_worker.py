@@ -4,7 +4,7 @@ import sys
 import time
 
 from gem_mpi import train
-from gem_mpi.quadratic import Quadratic
+from gem_mpi.problem.quadratic import Quadratic
 from gem_mpi.transport import MPI
 
 stuck_rank, after = int(sys.argv[1]), int(sys.argv[2])

@@ -2,23 +2,21 @@
 every rank holds the same parameters and momentum, bit for bit. Prints SYNC-OK on rank 0."""
 
 import hashlib
-import os
 import sys
-
-os.environ["GEM_MPI_THREAD_LEVEL"] = "multiple"  # before MPI starts, as train.py does
 
 import numpy as np
 
 from gem_mpi import config
+from gem_mpi.baseline.sync import SyncTrainer
 from gem_mpi.problem import build_problem
-from gem_mpi.sync import SyncTrainer
-from gem_mpi.transport import MPI
-from gem_mpi.worker import local_placement
+from gem_mpi.run.rank import local_placement
+from gem_mpi.transport import start_mpi
 
-comm = MPI.COMM_WORLD
+comm = start_mpi("multiple")  # as the launcher does for --method sync
 cfg, _ = config.parse(["--method", "sync", *sys.argv[2:]])
 steps = int(sys.argv[1])
-trainer = SyncTrainer(cfg, comm, build_problem(cfg, with_theta0=False), local_placement(comm))
+trainer = SyncTrainer(cfg, comm, build_problem(cfg.data, with_theta0=False),
+                      local_placement(comm))
 before = trainer.theta()
 for step in range(steps):
     trainer.step()

@@ -11,24 +11,13 @@ import time
 
 import numpy as np
 
-from gem_mpi.transport import (
-    H_KIND,
-    H_RANK,
-    H_SEQ,
-    H_VERSION,
-    KIND_DONE,
-    KIND_UPDATE,
-    MPI,
-    Backoff,
-    Layout,
-    MasterEndpoint,
-    WorkerEndpoint,
-)
+from gem_mpi.transport import Backoff, start_mpi
+from gem_mpi.transport.endpoints import DONE, UPDATE, Layout, MasterEndpoint, WorkerEndpoint
 
 n_params, steps, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 # seconds the master sleeps per update: makes the master the bottleneck on purpose
 master_delay = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
-comm = MPI.COMM_WORLD
+comm = start_mpi()
 rank, size = comm.Get_rank(), comm.Get_size()
 layout = Layout(n_workers=size - 1, n_params=n_params, payload_floats=n_params)
 
@@ -43,21 +32,20 @@ if rank == 0:
             continue
         back.reset()
         for slot in ready:
-            h = ep.headers_i[slot].copy()
-            ticket = ep.ticket_of(slot)
-            if h[H_KIND] == KIND_UPDATE:
+            msg = ep.take(int(slot))
+            if msg.kind == UPDATE:
                 ep.begin_write()
-                ep.theta += ep.payloads[slot, :n_params]
+                ep.theta += msg.payload[:n_params]
                 version += 1
                 ep.end_write(version)
                 if master_delay:
                     time.sleep(master_delay)
-                log.append([int(h[H_RANK]), int(h[H_SEQ]), ticket, int(h[H_VERSION]), version - 1, len(ready)])
+                log.append([msg.rank, msg.seq, msg.ticket, msg.version, version - 1, len(ready)])
             else:
-                assert h[H_KIND] == KIND_DONE
-                done_tickets.append(ticket)
+                assert msg.kind == DONE
+                done_tickets.append(msg.ticket)
                 done += 1
-            ep.release_all([slot])
+            ep.release([slot])
     theta = ep.theta.copy()
     torn = comm.gather(0, root=0)
     ep.shutdown()
@@ -76,8 +64,8 @@ else:
         th = ep.theta
         if not (th.min() == th.max() == np.float32(v)):
             torn += 1
-        ep.commit(KIND_UPDATE, seq, v, parts=(delta,))
-    ep.commit(KIND_DONE, steps, ep.pull())
+        ep.commit(UPDATE, seq, v, parts=(delta,))
+    ep.commit(DONE, steps, ep.pull())
     comm.gather(torn, root=0)
     ep.wait_shutdown()
     ep.close()

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import h5py
 import numpy as np
 
-from gem_mpi.files import atomic_write, h5py_write_errors, os_reason
+from gem_mpi.outputs.files import atomic_write, h5py_write_errors, os_reason
 
 SCHEMA_VERSION = 1
 
@@ -332,18 +332,3 @@ def rows_on_disk(metrics: MetricsWriter | None) -> tuple[int, int, int]:
         return 0, 0, 0
     metrics.flush(check_space=False)
     return metrics.rows()
-
-
-def read_run(path: str) -> dict:
-    """The whole file as numpy arrays (for tests and tools)."""
-    with h5py.File(path, "r", libver="latest", swmr=True) as f:
-        out = {
-            "attrs": {k: f.attrs[k] for k in f.attrs},
-            "config": json.loads(f.attrs["config"]),
-            "tensors": {k: f["tensors"][k][()] for k in f["tensors"]},
-            "updates": {k: f["updates"][k][()] for k in f["updates"]},
-            "eval": {k: f["eval"][k][()] for k in f["eval"]},
-            "rejected": {k: f["rejected"][k][()] for k in f.get("rejected", {})},
-            "summary": {k: float(f["summary"][k][()]) for k in f["summary"]},
-        }
-    return out

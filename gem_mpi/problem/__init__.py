@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gem_mpi.config import Config
-from gem_mpi.quadratic import Quadratic
+from gem_mpi.config import QUADRATIC, DataConfig
+from gem_mpi.problem.quadratic import Quadratic
 
 
 @dataclass
@@ -32,46 +32,59 @@ class Problem:
         return np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
 
 
-def build_problem(cfg: Config, with_theta0: bool) -> Problem:
-    if cfg.model == "quadratic":
-        q = Quadratic(cfg.quadratic_dim, cfg.seed)
+def build_problem(data: DataConfig, with_theta0: bool) -> Problem:
+    if data.model == QUADRATIC:
+        q = Quadratic(data.quadratic_dim, data.seed)
         names, sizes = q.tensors()
         return Problem(names, sizes, q.theta0() if with_theta0 else None, quadratic=q)
     import torch
 
-    from gem_mpi.data import dataset_spec
-    from gem_mpi.models import build_model
+    from gem_mpi.problem.data import dataset_spec
+    from gem_mpi.problem.models import build_model
 
-    torch.manual_seed(cfg.seed)  # θ₀ is a function of --seed alone
-    model = build_model(cfg.model, dataset_spec(cfg.dataset, cfg.model))
+    torch.manual_seed(data.seed)  # θ₀ is a function of --seed alone
+    model = build_model(data.model, dataset_spec(data.dataset, data.model))
     params = list(model.named_parameters())
     names = [n for n, _ in params]
     sizes = [p.numel() for _, p in params]
-    theta0 = None
-    if with_theta0:
-        with torch.no_grad():
-            theta0 = torch.cat([p.detach().reshape(-1) for _, p in params]).float().numpy()
+    theta0 = flatten([p for _, p in params]) if with_theta0 else None
     return Problem(names, sizes, theta0, model=model)
+
+
+def unflatten(flat: object, params: list) -> list:
+    """Views of a flat torch tensor shaped like each parameter, in θ's order: the one
+    mapping between θ and a model's parameters."""
+    views, offset = [], 0
+    for p in params:
+        n = p.numel()
+        views.append(flat[offset:offset + n].view_as(p))
+        offset += n
+    return views
+
+
+def flatten(tensors: list) -> np.ndarray:
+    """Parameters (or tensors shaped like them) as one flat float32 θ on the host."""
+    import torch
+
+    with torch.no_grad():
+        return torch.cat([t.detach().reshape(-1) for t in tensors]).float().cpu().numpy()
 
 
 def load_theta(model: object, theta: np.ndarray) -> None:
     """Copy a flat float32 θ into a torch model's parameters."""
     import torch
 
-    flat = torch.from_numpy(theta)
-    offset = 0
+    params = list(model.parameters())
     with torch.no_grad():
-        for p in model.parameters():
-            n = p.numel()
-            p.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
+        for p, view in zip(params, unflatten(torch.from_numpy(theta), params)):
+            p.copy_(view)
 
 
 def save_final(model: object | None, theta: np.ndarray, path: str) -> None:
     """--save: a torch model's state_dict (θ loaded into it), or θ as .npy for the quadratic;
     atomically, so a failed write leaves no partial file."""
     from gem_mpi.errors import OutputError
-    from gem_mpi.files import atomic_write, os_reason
+    from gem_mpi.outputs.files import atomic_write, os_reason
 
     def write(tmp: str) -> None:
         if model is not None:

@@ -11,11 +11,10 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 
-from gem_mpi.config import Config
+from gem_mpi.config import DataConfig, MonitorConfig
 from gem_mpi.problem import Problem, load_theta
 
 
@@ -23,9 +22,11 @@ class Evaluator:
     """Test loss and accuracy of a θ snapshot, in a thread beside the training loop, and
     their rows in the metrics file (``metrics``, set by the owner once it has one)."""
 
-    def __init__(self, cfg: Config, problem: Problem, noun: str = "update") -> None:
-        self.cfg = cfg
+    def __init__(self, data: DataConfig, monitor: MonitorConfig, problem: Problem,
+                 noun: str = "update", threads: int | None = None) -> None:
+        self.data, self.monitor = data, monitor
         self.problem = problem
+        self.threads = threads  # torch threads of the evaluation (None: leave torch's)
         self.noun = noun
         self.metrics = None
         self.last: tuple = (-1, float("nan"), float("nan"))  # (clock, loss, accuracy)
@@ -35,10 +36,10 @@ class Evaluator:
         if problem.quadratic is None:
             import torch
 
-            from gem_mpi.data import load_split
+            from gem_mpi.problem.data import load_split
 
             self.device = torch.device("cpu")  # the master is a CPU rank
-            self.split = load_split(cfg.dataset, cfg.data_dir, "test", cfg.model)
+            self.split = load_split(data.dataset, data.data_dir, "test", data.model)
         self._thread = threading.Thread(target=self._serve, name="gem-eval", daemon=True)
         self._thread.start()
 
@@ -47,12 +48,12 @@ class Evaluator:
         if q is not None:  # the mean objective over workers' targets ≈ the shared optimum
             diff = theta - q.center
             return 0.5 * float(np.dot(q.h * diff, diff)), float("nan")
-        from gem_mpi.data import iterate_batches
-        from gem_mpi.models import evaluate
+        from gem_mpi.problem.data import iterate_batches
+        from gem_mpi.problem.models import evaluate
 
         load_theta(self.problem.model, theta)
         batches = iterate_batches(
-            self.split, self.cfg.eval_batch_size, 1, 0, shuffle=False, drop_last=False
+            self.split, self.monitor.eval_batch_size, 1, 0, shuffle=False, drop_last=False
         )
         return evaluate(self.problem.model, batches, self.device)
 
@@ -65,6 +66,10 @@ class Evaluator:
         return True
 
     def _serve(self) -> None:
+        if self.threads and self.problem.quadratic is None:
+            import torch
+
+            torch.set_num_threads(self.threads)  # the master's process runs torch only here
         while True:
             job = self._jobs.get()
             if job is None:
@@ -95,7 +100,7 @@ class Evaluator:
         if self.metrics is not None:
             self.metrics.add_eval({"time": t, "clock": clock, "test_loss": loss,
                                    "test_accuracy": acc})
-        if self.cfg.verbose:
+        if self.monitor.verbose:
             print(f"gem_mpi: eval at {self.noun} {clock}: test loss {loss:.4f}, accuracy "
                   f"{acc:.4f}", file=sys.stderr, flush=True)
 
@@ -173,40 +178,44 @@ class DivergenceWatch:
         return None
 
 
-def cut_short(write_checkpoint: Callable[[], str | None], metrics: object | None,
-              summary: dict, resume_hint: str) -> str:
-    """A run ending on an error: write a checkpoint if one can be, close the metrics file
-    unfinished; returns what became of each, for the one error line."""
-    from gem_mpi.errors import OutputError
+class LossWatch:
+    """The workers' smoothed loss, and whether the run has diverged (the first reason)."""
 
-    notes = []
-    try:
-        path = write_checkpoint()
-        notes.append(f"checkpoint {path}: {resume_hint}" if path
-                     else "no --checkpoint-dir, so no checkpoint")
-    except OutputError as exc:
-        notes.append(str(exc))
-    if metrics is not None:
-        try:
-            metrics.close(summary)
-        except OutputError as exc:
-            notes.append(str(exc))
-    return "; ".join(notes)
+    def __init__(self, factor: float) -> None:
+        self.watch = DivergenceWatch(factor)
+        self.recent = math.nan
+        self.diverged: str | None = None
+
+    def observe(self, loss: float, position: int, theta: np.ndarray) -> None:
+        self.recent = loss if math.isnan(self.recent) else 0.95 * self.recent + 0.05 * loss
+        if self.diverged is None:
+            self.diverged = self.watch.check(self.recent, position, theta)
 
 
-def stopped_early(noun: str, at: int, diverged: str | None, checkpoint_dir: str | None,
-                  write_checkpoint: Callable[[], str | None], by: str, remedy: str) -> None:
-    """The one line of a run stopped before its end. Diverged: the newest checkpoint on disk
-    is the last good state, so none is written. Stopped by a signal: checkpoint now."""
-    from gem_mpi import checkpoint
+class Watchdog:
+    """Which worker has sent nothing for longer than ``timeout`` seconds, if any.
 
-    if diverged:
-        last = checkpoint.latest(checkpoint_dir) if checkpoint_dir else None
-        where = f"the last good state is {last}" if last else "no checkpoint was written"
-        print(f"gem_mpi: stopped: the run diverged at {noun} {at} ({diverged}); {where}. "
-              f"{remedy}, or pass --no-stop-on-divergence", file=sys.stderr, flush=True)
-        return
-    path = write_checkpoint()
-    where = (f"checkpoint {path}; continue with --resume {path} (or --resume auto)"
-             if path else "no --checkpoint-dir, so no checkpoint was written")
-    print(f"gem_mpi: stopped by {by} at {noun} {at}: {where}", file=sys.stderr, flush=True)
+    A dead worker ends the job through mpirun at once; a stuck one (a hung data loader, a
+    lost GPU, a frozen node) would hold it until the time limit."""
+
+    def __init__(self, n_workers: int, timeout: float) -> None:
+        self.timeout = timeout
+        self.last = np.full(n_workers, time.monotonic())
+        self.finished = np.zeros(n_workers, dtype=bool)
+        self._next_check = time.monotonic() + 1.0
+
+    def heard(self, worker: int, finished: bool = False) -> None:
+        """Worker ``worker`` (1..n) sent a message; ``finished``: its last one."""
+        self.last[worker - 1] = time.monotonic()
+        self.finished[worker - 1] |= finished
+
+    def stuck(self) -> tuple[int, float] | None:
+        """(worker, seconds silent) of the longest-silent unfinished worker past the timeout;
+        looked at once a second."""
+        now = time.monotonic()
+        if not self.timeout or now < self._next_check:
+            return None
+        self._next_check = now + 1.0
+        silent = np.where(self.finished, 0.0, now - self.last)
+        slot = int(np.argmax(silent))
+        return (slot + 1, float(silent[slot])) if silent[slot] > self.timeout else None

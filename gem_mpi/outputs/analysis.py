@@ -2,7 +2,8 @@
 
 ``tools/report.py``, ``tools/compare.py`` and ``tools/watch.py`` all go through this module,
 so they agree on what a gem_mpi run is, on what a missing column means and on how every
-number they print is computed. The writer and the schema are in gem_mpi/metrics.py
+number they print is computed; tests read runs with ``load_run`` too, so this is the one
+reader of the schema. The writer and the schema are in gem_mpi/outputs/metrics.py
 (docs/METRICS.md); this module reads any version-1 file, whatever its method, including
 one cut short by a crash (``summary/finished`` NaN) and one still being written (SWMR).
 Columns are optional here: a method that does not write ``pi_median`` or ``staleness``
@@ -26,7 +27,7 @@ import h5py
 import numpy as np
 
 from gem_mpi.errors import GemError
-from gem_mpi.metrics import (
+from gem_mpi.outputs.metrics import (
     EVAL_COLUMNS,
     GEM_COLUMNS,
     SCHEMA_VERSION,
@@ -42,7 +43,7 @@ EVAL_COLUMN_NAMES = [name for name, _ in EVAL_COLUMNS]
 
 
 def expected_columns(method: str) -> dict[str, list[str]]:
-    """The columns gem_mpi.metrics writes for a run of this method, per group."""
+    """The columns gem_mpi.outputs.metrics writes for a run of this method, per group."""
     if method == "sync":  # one row per synchronous step: its own columns
         return {"updates": [name for name, _ in SYNC_COLUMNS], "eval": EVAL_COLUMN_NAMES}
     updates = COMMON_UPDATE_COLUMNS + (GEM_ONLY_COLUMNS if method == "gem" else [])

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from gem_mpi.config import DATASETS, TORCH_MODELS
 from gem_mpi.errors import DataError, UsageError
 
-DATASETS = ("fashion-mnist", "mnist", "imagenet", "synthetic")
 SPLITS = ("train", "test")
 
 DEBIAN_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -77,11 +77,9 @@ def _check_split_name(split: str) -> None:
 
 def dataset_spec(dataset: str, model: str) -> DataSpec:
     """The input shape `model` sees on `dataset` (AlexNet gets MNIST-like images upsampled)."""
-    from gem_mpi.models import MODELS  # models imports DataSpec from here
-
     _check_dataset_name(dataset)
-    if model not in MODELS:
-        raise UsageError(f"unknown model {model!r}; choose one of: {_names(MODELS)}")
+    if model not in TORCH_MODELS:
+        raise UsageError(f"unknown model {model!r}; choose one of: {_names(TORCH_MODELS)}")
     if dataset in ("fashion-mnist", "mnist"):
         size = _ALEXNET_MIN_SIZE if model == "alexnet" else _MNIST_SIZE
         return DataSpec(channels=1, image_size=size, num_classes=_MNIST_CLASSES)

@@ -1,13 +1,13 @@
-"""The update rules the master applies: GEM, DOWNPOUR and adaptive staleness.
+"""The master's half of the update rules, fused: GEM, DOWNPOUR and adaptive staleness.
 
 The numpy functions here are the reference implementation, kept forever; the C++ extension
 (``_core``) computes the same float32 operations on θ in the same order, fused into one pass
 with the statistics, and the tests hold θ to bit-for-bit equality. :class:`Kernel` picks the
 extension when it is built.
 
-Master-side GEM (spec section 3) needs three numbers per element from the worker: its
-update Δθ, its permitted amplitude ``a = κ|m|`` and the parameters ``s`` it computed Δθ on.
-With the master's current θ::
+Master-side GEM (see :mod:`gem_mpi.algorithm.rule`) needs three numbers per element from the
+worker: its update Δθ, its permitted amplitude ``a = κ|m|`` and the parameters ``s`` it
+computed Δθ on. With the master's current θ::
 
     π = clamp((a − |θ − s|) / (|Δθ| + ε), 0, π_max);   θ ← θ + π Δθ
 
@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-METHODS = ("gem", "downpour", "adaptive")
 HIST_BINS = 512  # must equal _core.HIST_BINS (checked when the extension loads)
 HIST_SAMPLE = 8192  # must equal _core.HIST_SAMPLE
 
@@ -39,16 +38,6 @@ HIST_SAMPLE = 8192  # must equal _core.HIST_SAMPLE
 def sample_stride(n: int) -> int:
     """A tensor's histogram takes every stride-th element: at most HIST_SAMPLE of them."""
     return 1 if n <= HIST_SAMPLE else -(-n // HIST_SAMPLE)
-
-
-def payload_floats(method: str, n_params: int) -> int:
-    """Floats a worker sends per update: (Δθ, κ|m|, s) for GEM, Δθ alone otherwise."""
-    return 3 * n_params if method == "gem" else n_params
-
-
-def fixed_scale(method: str, staleness: int) -> float:
-    """π of the non-GEM methods: 1 for DOWNPOUR, 1/(τ+1) for adaptive staleness."""
-    return 1.0 / (staleness + 1.0) if method == "adaptive" else 1.0
 
 
 def pi_bins(pi: np.ndarray, pi_max: float) -> np.ndarray:
@@ -151,6 +140,21 @@ def kernel_threads() -> int:
     return threads
 
 
+def load_extension() -> tuple[object | None, str]:
+    """(gem_mpi._core, "") when it loads and agrees with this module; else (None, why not)."""
+    try:
+        from gem_mpi import _core
+    except ImportError as exc:
+        if getattr(exc, "name", None) == "gem_mpi._core":
+            return None, "not built; pip install . builds it"
+        return None, f"built but does not load: {exc}"
+    for name, want in (("HIST_BINS", HIST_BINS), ("HIST_SAMPLE", HIST_SAMPLE)):
+        got = getattr(_core, name, None)
+        if got != want:
+            return None, f"stale build ({name} {got}, expected {want}); rebuild with pip install ."
+    return _core, ""
+
+
 class Kernel:
     """The master's update kernel: the C++ extension if built, else the numpy reference."""
 
@@ -160,14 +164,9 @@ class Kernel:
         self.sizes = np.diff(self.offsets)
         self.threads = threads
         self.extension = None
+        self.why_not = "--no-extension"  # why the extension is not used, when it is not
         if prefer_extension:
-            try:
-                from gem_mpi import _core
-            except ImportError:
-                _core = None
-            if (_core is not None and getattr(_core, "HIST_BINS", None) == HIST_BINS
-                    and getattr(_core, "HIST_SAMPLE", None) == HIST_SAMPLE):
-                self.extension = _core
+            self.extension, self.why_not = load_extension()
         n_tensors = len(self.offsets) - 1
         self._hist = np.zeros((n_tensors, HIST_BINS + 2), dtype=np.int64)
         self._sums = np.zeros((n_tensors, 2), dtype=np.float64)
@@ -177,7 +176,7 @@ class Kernel:
     def name(self) -> str:
         if self.extension is not None:
             return f"C++ extension gem_mpi._core ({self.threads} thread(s))"
-        return "numpy reference (C++ extension gem_mpi._core NOT built: slower master)"
+        return f"numpy reference (C++ extension gem_mpi._core not used: {self.why_not})"
 
     def gem_step(self, theta: np.ndarray, delta: np.ndarray, a: np.ndarray, s: np.ndarray,
                  eps: float, pi_max: float) -> GemStats | None:

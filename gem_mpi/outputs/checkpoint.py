@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 
 from gem_mpi.errors import OutputError, UsageError
-from gem_mpi.files import atomic_write, os_reason
+from gem_mpi.outputs.files import atomic_write, os_reason
 
 FORMAT = 1
 NAME = "checkpoint_{clock:012d}.h5"

@@ -14,10 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gem_mpi.data import DataSpec
+from gem_mpi.config import TORCH_MODELS
 from gem_mpi.errors import UsageError
-
-MODELS = ("mnist-cnn", "alexnet", "resnet18")
+from gem_mpi.problem.data import DataSpec
 
 _MNIST_CNN_SIZE = 28
 
@@ -81,8 +80,8 @@ def _torchvision_models() -> ModuleType:
 
 def build_model(name: str, spec: DataSpec) -> nn.Module:
     """A freshly initialised model for inputs of `spec` that outputs log-probabilities."""
-    if name not in MODELS:
-        raise UsageError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    if name not in TORCH_MODELS:
+        raise UsageError(f"unknown model {name!r}; choose one of: {', '.join(TORCH_MODELS)}")
     if name == "mnist-cnn":
         if spec.image_size != _MNIST_CNN_SIZE:
             raise UsageError(

@@ -1,0 +1,67 @@
+"""The algorithm in one process, driven by a real run's event log: what the run must equal.
+
+On the quadratic problem a worker's Δθ depends only on the θ it was computed on, so the
+metrics file's log (which worker, which version it pulled, in which order the master applied
+the updates) determines the whole asynchronous run. :func:`replay` recomputes it with plain
+float32 numpy, one operation at a time as the formulas are written, independent of the
+master's kernel and of the workers' code, so that tests can hold a run to it bit for bit.
+
+The GEM replay follows the reading the engine implements: each worker keeps m across the
+whole log, and at its commit the shift |θ − s| is taken against θ just before the master
+applies the update, where s is the θ the worker pulled (after its own previous update had
+been applied, so the shift counts the other workers' updates).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gem_mpi.config import ADAPTIVE, GEM
+from gem_mpi.problem.quadratic import Quadratic
+
+f32 = np.float32
+
+
+@dataclass
+class Replay:
+    theta: np.ndarray  # θ after the last update of the log
+    losses: list[float] = field(default_factory=list)  # each update's loss at its pull
+    pis: list[np.ndarray] = field(default_factory=list)  # each GEM update's π (keep_pi)
+
+
+def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
+           momentum: float = 0.9, kappa: float = 1.0, pi_max: float = 5.0,
+           eps: float = 1e-16, keep_pi: bool = False, window: int = 1000) -> Replay:
+    """Replay the applied updates of ``log`` (columns worker, version_pulled, staleness, in
+    clock order) on ``q``. Only the last ``window`` versions of θ are kept for the pulls."""
+    theta = q.theta0()
+    versions = {0: theta}
+    targets: dict[int, np.ndarray] = {}
+    m: dict[int, np.ndarray] = {}
+    out = Replay(theta)
+    for clock, (w, pulled, tau) in enumerate(zip(log["worker"].tolist(),
+                                                 log["version_pulled"].tolist(),
+                                                 log["staleness"].tolist())):
+        if w not in targets:
+            targets[w], m[w] = q.target(w), np.zeros(q.dim, f32)
+        s = versions[pulled]  # the θ this worker pulled: exact version label
+        diff = s - targets[w]
+        out.losses.append(0.5 * float(np.dot(q.h * diff, diff)))
+        delta = f32(-lr) * (q.h * diff)
+        if method == GEM:
+            m[w] = f32(momentum) * m[w] + delta
+            pi = (f32(kappa) * np.abs(m[w]) - np.abs(theta - s)) / (np.abs(delta) + f32(eps))
+            pi = np.clip(pi, f32(0.0), f32(pi_max))
+            if keep_pi:
+                out.pis.append(pi)
+            theta = theta + pi * delta
+        else:
+            scale = 1.0 / (tau + 1.0) if method == ADAPTIVE else 1.0
+            theta = theta + f32(scale) * delta
+        versions[clock + 1] = theta
+        versions.pop(clock + 1 - window, None)
+    out.theta = theta
+    return out

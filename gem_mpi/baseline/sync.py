@@ -1,0 +1,279 @@
+"""``--method sync``: synchronous data-parallel momentum SGD on Horovod, GEM's proxy.
+
+GEM's proxy, the process whose energy GEM matches: n workers average their gradients every step, then take one
+momentum-SGD step with the same η and μ as the asynchronous methods; the effective batch is
+n × b. Every rank is a worker (no master), Horovod's ``DistributedOptimizer`` averages the
+gradients over our mpi4py communicator, and each worker reads the same data stream as
+worker number rank + 1 of an asynchronous run, so that the methods see the same data.
+
+Besides Horovod's allreduce, each step does one small ``Allgather`` of (loss, compute
+seconds, stop, output error) over mpi4py: it gives rank 0 the metrics row and makes every
+rank agree, at the same step, on a stop signal that reached any rank or on rank 0's failure
+to write its outputs (divergence each rank decides alike from the same numbers). Rank 0
+evaluates, prints progress, writes the metrics file and the checkpoints (θ and the momentum
+buffer, identical on every rank).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from gem_mpi.config import Config
+from gem_mpi.errors import GemError, OutputError, UsageError
+from gem_mpi.problem import Problem, build_problem, flatten, load_theta, unflatten
+from gem_mpi.run.monitor import LossWatch
+from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
+from gem_mpi.run.supervisor import Outcome, RunSupervisor, StopFlag, say
+from gem_mpi.transport import MPI
+
+ROOT = 0
+# the per-step Allgather row: what rank 0 records and what every rank must agree on
+_LOSS, _COMPUTE, _STOP, _ERROR = range(4)
+
+
+def check_horovod() -> None:
+    """UsageError, with the fix, when Horovod is missing or built without PyTorch or MPI."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as exc:
+        raise UsageError(f"--method sync needs Horovod with PyTorch support ({exc}): run "
+                         "tools/install.sh, which builds it") from None
+    if not hvd.mpi_built():
+        raise UsageError("--method sync: this Horovod was built without MPI; rebuild it with "
+                         "tools/build_horovod.sh")
+
+
+class SyncTrainer:
+    """One worker of the synchronous run: model, momentum SGD wrapped by Horovod, data.
+
+    ``theta`` and ``momentum`` (flat float32, from a checkpoint) replace θ₀ and the zero
+    momentum when given; they must be given on every rank alike (run_sync broadcasts them).
+    """
+
+    def __init__(self, cfg: Config, comm: MPI.Intracomm, problem: Problem,
+                 placement: Placement, start_step: int = 0,
+                 theta: np.ndarray | None = None, momentum: np.ndarray | None = None) -> None:
+        import horovod.torch as hvd
+        import torch
+        import torch.nn.functional as F
+        from horovod.common.exceptions import HorovodInternalError
+
+        self.torch, self.F, self.hvd = torch, F, hvd
+        self.hvd_failure = HorovodInternalError  # what a step raises once Horovod shut down
+        timeout = cfg.monitor.worker_timeout
+        if timeout:
+            # a hung rank holds every allreduce: Horovod's stall check (rank 0's background
+            # thread sees which ranks never submitted) shuts Horovod down after the timeout
+            os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS",
+                                  str(max(1, int(min(60.0, timeout / 2)))))
+            os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+                                  str(max(1, int(timeout))))
+        hvd.init(comm=comm)  # every rank of comm runs this: Horovod hangs otherwise
+        self.comm = comm
+        self.worker = comm.Get_rank() + 1
+        self.n_workers = comm.Get_size()
+        self.device = torch_device(cfg.runtime.threads, placement)
+        self.model = problem.model.to(self.device)
+        self.model.train()
+        self.params = list(self.model.parameters())
+        opt = torch.optim.SGD(self.params, lr=cfg.optim.lr, momentum=cfg.optim.momentum)
+        if theta is not None:
+            load_theta(self.model, theta)
+        # the wrapper is a new optimizer over the same parameters: state goes on it, not on opt
+        self.opt = hvd.DistributedOptimizer(opt, named_parameters=self.model.named_parameters(),
+                                            op=hvd.Average)
+        if momentum is not None:
+            self._set_momentum(self.opt, momentum)
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=ROOT)
+        hvd.broadcast_optimizer_state(self.opt, root_rank=ROOT)
+        self.seed, self.step_count = cfg.data.seed, start_step
+        self.steps, self.batches = data_stream(cfg.data, self.worker, self.n_workers, start_step)
+        self.slow_factor = slowness(cfg, self.n_workers, self.worker)
+
+    def _set_momentum(self, opt: object, flat: np.ndarray) -> None:
+        views = unflatten(self.torch.from_numpy(flat.copy()), self.params)
+        for p, buf in zip(self.params, views):
+            opt.state[p]["momentum_buffer"] = buf.to(self.device)
+
+    def step(self) -> tuple[float, float, float]:
+        """One synchronous step: (this worker's loss, its compute seconds, seconds waited for
+        the averaged gradient)."""
+        t0 = time.perf_counter()
+        seed_dropout(self.seed, self.worker, self.step_count)
+        self.step_count += 1
+        x, y = next(self.batches)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        self.opt.zero_grad()
+        loss = self.F.nll_loss(self.model(x), y)
+        loss.backward()  # Horovod's hooks start the allreduces here, tensor by tensor
+        value = float(loss.detach())
+        compute_s = time.perf_counter() - t0
+        if self.slow_factor > 1.0:  # --straggler: this worker takes FACTOR times as long
+            time.sleep((self.slow_factor - 1.0) * compute_s)
+            compute_s *= self.slow_factor
+        t1 = time.perf_counter()
+        self.opt.step()  # waits for every worker's gradient, averaged
+        return value, compute_s, time.perf_counter() - t1
+
+    def theta(self) -> np.ndarray:
+        return flatten(self.params)
+
+    def momentum(self) -> np.ndarray:
+        state = self.opt.state
+        return flatten([state[p]["momentum_buffer"] if "momentum_buffer" in state[p]
+                        else self.torch.zeros_like(p) for p in self.params])
+
+    def close(self) -> None:
+        self.hvd.shutdown()
+
+
+def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Placement,
+             stop: StopFlag, resumed: dict | None) -> Outcome:
+    """Train to the end of the data budget (or a stop); every rank returns the outcome."""
+    rank = comm.Get_rank()
+    start, theta, momentum = 0, None, None
+    # rank 0 alone has read the checkpoint, if any
+    if comm.bcast(resumed is not None if rank == ROOT else None, root=ROOT):
+        start = comm.bcast(resumed["clock"] if rank == ROOT else None, root=ROOT)
+        theta = resumed["theta"] if rank == ROOT else np.empty(problem.n_params, np.float32)
+        momentum = (resumed["momentum"] if rank == ROOT
+                    else np.empty(problem.n_params, np.float32))
+        if rank == ROOT and momentum is None:
+            momentum = np.zeros(problem.n_params, np.float32)  # an asynchronous checkpoint
+        comm.Bcast(theta, root=ROOT)
+        comm.Bcast(momentum, root=ROOT)
+    trainer = SyncTrainer(cfg, comm, problem, placement, start, theta, momentum)
+    if rank == ROOT:
+        import horovod
+
+        n = comm.Get_size()
+        say(f"sync on {cfg.data.model}/{cfg.data.dataset}: {n} workers, no master, Horovod "
+            f"{horovod.__version__} allreduce (average), {problem.n_params} parameters, "
+            f"effective batch {n} × {cfg.data.batch_size}, device {trainer.device}"
+            + (f"; resuming {resumed['path']} at step {start}" if resumed else ""))
+    try:
+        return SyncRun(cfg, comm, problem, trainer, stop, resumed).run(start)
+    finally:
+        trainer.close()
+
+
+class SyncRun:
+    """The step loop on every rank; rank 0's run supervisor records, evaluates and saves.
+
+    The synchronous run's part of a checkpoint: θ and the momentum buffer (identical on every
+    rank) and the step count."""
+
+    def __init__(self, cfg: Config, comm: MPI.Intracomm, problem: Problem,
+                 trainer: SyncTrainer, stop: StopFlag, resumed: dict | None) -> None:
+        self.cfg, self.comm, self.trainer, self.stop = cfg, comm, trainer, stop
+        self.root = comm.Get_rank() == ROOT
+        self.n = comm.Get_size()
+        self.step = 0
+        self.compute_total = self.allreduce_total = 0.0
+        self.error: str | None = None  # rank 0 could not write an output: stop, exit 1
+        self.sup: RunSupervisor | None = None
+        self.losses = LossWatch(cfg.monitor.divergence_factor)
+        if self.root:
+            # the evaluator loads θ snapshots into a model of its own, apart from the trained one
+            self.sup = RunSupervisor(cfg, problem, self.n, self, "horovod allreduce (average)",
+                                     stop, resumed, noun="step",
+                                     eval_problem=build_problem(cfg.data, with_theta0=False))
+            self.losses = self.sup.losses
+
+    def state(self) -> dict:
+        return {"theta": self.trainer.theta(), "momentum": self.trainer.momentum(),
+                "clock": self.step, "tickets": self.step,
+                "next_seq": np.full(self.n, self.step, np.int64)}
+
+    def run(self, start: int) -> Outcome:
+        self.step = start
+        if self.sup is None:
+            return self._loop()
+        sup = self.sup
+        return sup.run(self._loop, self._summary, self.trainer.theta, self._done_line,
+                       lambda: "a signal")
+
+    def _loop(self) -> Outcome:
+        cfg, trainer, comm, sup = self.cfg, self.trainer, self.comm, self.sup
+        mine = np.zeros(4)
+        rows = np.zeros((self.n, 4))
+        while self.step < trainer.steps:
+            loss, compute_s, allreduce_s = self._step(self.step)
+            if sup is not None and sup.metrics is not None and sup.metrics.low_space \
+                    and not self.error:
+                self.error = sup.metrics.low_space
+            mine[:] = (loss, compute_s, 1.0 if self.stop else 0.0, 1.0 if self.error else 0.0)
+            comm.Allgather(mine, rows)
+            self.step += 1
+            losses = rows[:, _LOSS]
+            # every rank sees the same losses and the same θ, so all reach one verdict
+            self.losses.observe(float(np.mean(losses)), self.step, self._theta_if_due())
+            self.compute_total += float(np.max(rows[:, _COMPUTE]))
+            self.allreduce_total += allreduce_s
+            failed = bool(rows[:, _ERROR].any())
+            if sup is not None:
+                sup.position = self.step
+                if not failed:
+                    try:
+                        self._record(losses, float(np.max(rows[:, _COMPUTE])), allreduce_s)
+                    except OutputError as exc:  # the others learn it at the next step
+                        self.error = str(exc)
+                    sup.show(f"loss {self.losses.recent:.4f} workers {self.n}")
+            if failed:
+                if sup is not None:
+                    raise OutputError(self.error or "an output could not be written")
+                return Outcome.OUTPUT_FAILED
+            if rows[:, _STOP].any():
+                return Outcome.STOPPED
+            if self.losses.diverged and cfg.monitor.stop_on_divergence:
+                return Outcome.DIVERGED
+            if sup is not None:
+                sup.checkpointer.maybe_save()
+        return Outcome.FINISHED
+
+    def _step(self, step: int) -> tuple[float, float, float]:
+        """One step; if Horovod shut down (its stall check: a rank sent nothing for
+        --worker-timeout seconds), rank 0 checkpoints θ (the failed step changed nothing)
+        and ends the job with one line. The others give it time to do so before speaking."""
+        try:
+            return self.trainer.step()
+        except self.trainer.hvd_failure:
+            pass
+        why = (f"step {step} could not complete: Horovod shut down, a worker having sent "
+               f"nothing for --worker-timeout {self.cfg.monitor.worker_timeout:g} s "
+               "(Horovod's lines above mark it with '!')")
+        if self.sup is not None:
+            notes = self.sup.cut_short({"updates": step, "finished": 0.0},
+                                       "--resume auto continues")
+            raise GemError(f"{why}; {notes}")
+        time.sleep(10.0)  # rank 0 aborts the job meanwhile, unless it is the stuck one
+        raise GemError(why)
+
+    def _theta_if_due(self) -> np.ndarray:
+        # DivergenceWatch looks at θ every 100 steps only; an empty array costs nothing else
+        return self.trainer.theta() if self.step % 100 == 0 else np.zeros(0, np.float32)
+
+    def _record(self, losses: np.ndarray, compute_s: float, allreduce_s: float) -> None:
+        sup, step = self.sup, self.step
+        sup.evaluator.drain()
+        if sup.metrics is not None:
+            sup.metrics.add_update({
+                "time": sup.elapsed(), "seq": step - 1, "clock": step - 1,
+                "loss": float(np.mean(losses)), "loss_max": float(np.max(losses)),
+                "compute_s": compute_s, "allreduce_s": allreduce_s,
+            })
+        if sup.eval_due(step - 1):
+            sup.evaluate(self.trainer.theta(), step)
+
+    def _summary(self) -> dict:
+        return {"compute_s": self.compute_total, "allreduce_s": self.allreduce_total}
+
+    def _done_line(self, s: dict) -> str:
+        sup = self.sup
+        return (f"done: {s['updates']} synchronous steps of {self.n} workers in "
+                f"{s['wall_s']:.1f} s ({s['updates'] / max(s['wall_s'] - sup.elapsed0, 1e-9):.2f}"
+                f" steps/s), test loss {s['test_loss']:.4f}, test accuracy "
+                f"{100 * s['test_accuracy']:.2f} %")

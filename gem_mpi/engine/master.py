@@ -1,0 +1,194 @@
+"""The master on rank 0: applies worker updates first come, first served.
+
+Its serving loop reads as poll → apply the batch → record. The hot path touches each payload
+element once, in the kernel (C++ or numpy, see algorithm/kernel.py), plus the GEM
+statistics; everything else is per update, never per element. The run supervisor does the
+rest (metrics, evaluation in a background thread, checkpoints, the stop checks, the end).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from gem_mpi.algorithm.kernel import GemStats, Kernel
+from gem_mpi.algorithm.rule import MasterRule
+from gem_mpi.config import Config
+from gem_mpi.problem import Problem
+from gem_mpi.run.supervisor import Outcome, RunSupervisor, StopFlag, say
+from gem_mpi.transport import MPI, Backoff
+from gem_mpi.transport.endpoints import (
+    ABORTED,
+    DONE,
+    FINISHED,
+    STOPPED,
+    Layout,
+    MasterEndpoint,
+)
+
+SHUTDOWN = {Outcome.FINISHED: FINISHED, Outcome.STOPPED: STOPPED, Outcome.DIVERGED: STOPPED}
+
+
+@dataclass
+class Applied:
+    """One update of a batch, as the metrics record it."""
+
+    worker: int
+    seq: int
+    ticket: int
+    version_pulled: int
+    loss: float
+    compute_s: float
+    ok: bool  # False: rejected (NaN or Inf), θ untouched
+    clock: int  # θ's version before it
+    staleness: int
+    apply_s: float
+    time: float  # seconds since the run started
+    stats: GemStats | None
+
+
+class Master:
+    """The central variable θ and the run's position: the master's part of a checkpoint."""
+
+    def __init__(self, cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
+                 kernel: Kernel, stop: StopFlag | None = None, resumed: dict | None = None,
+                 eval_threads: int | None = None) -> None:
+        self.n_workers = layout.n_workers
+        self.clock = resumed["clock"] if resumed else 0
+        self.next_seq = (np.array(resumed["next_seq"], dtype=np.int64) if resumed
+                         else np.zeros(self.n_workers, np.int64))
+        self.ep = MasterEndpoint(comm, layout, resumed["theta"] if resumed else problem.theta0,
+                                 version0=self.clock,
+                                 ticket0=resumed["tickets"] if resumed else 0)
+        self.rule = MasterRule(cfg.optim, kernel, problem.n_params)
+        self.verbose = cfg.monitor.verbose
+        self.sup = RunSupervisor(cfg, problem, self.n_workers, self, kernel.name,
+                                 stop if stop is not None else StopFlag(), resumed, noun="update",
+                                 eval_threads=eval_threads)
+        self.done = 0  # workers whose budget is used up
+        self.rejected: dict[int, int] = {}  # per worker
+        self.timers = dict.fromkeys(("wait", "apply", "metrics", "mpi"), 0.0)
+        self.recent_staleness = 0.0
+
+    def state(self) -> dict:
+        return {"theta": self.ep.theta, "clock": self.clock,
+                "tickets": self.ep.tickets_drawn(), "next_seq": self.next_seq}
+
+    def run(self) -> Outcome:
+        """Serve until every worker is done or the run ends otherwise; tell the workers."""
+        outcome = self.sup.run(self._serve, self._summary, lambda: self.ep.theta,
+                               self._done_line, self._stopped_by)
+        self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED))
+        return outcome
+
+    def _serve(self) -> Outcome:
+        backoff = Backoff(first=20e-6, limit=1e-3)
+        clock_fn = time.perf_counter
+        while self.done < self.n_workers:
+            outcome = self.sup.check(self.clock)
+            if outcome is not None:
+                return outcome
+            t = clock_fn()
+            ready = self.ep.ready()
+            if ready.size == 0:  # idle: the empty poll and the back-off sleep
+                self.sup.show(self._status())
+                backoff.wait()
+                self.timers["wait"] += clock_fn() - t
+                continue
+            self.timers["mpi"] += clock_fn() - t
+            backoff.reset()
+            batch = self._apply(ready)
+            t = clock_fn()
+            self._record(batch, len(ready))
+            self.timers["metrics"] += clock_fn() - t
+            self.sup.show(self._status())
+        return Outcome.FINISHED
+
+    def _apply(self, ready: np.ndarray) -> list[Applied]:
+        """Apply every ready update under one exclusive lock: the lock and the slot releases
+        cost as much as a small update, so they are paid per batch."""
+        clock_fn = time.perf_counter
+        t_batch = clock_fn()
+        apply_total = 0.0
+        self.ep.begin_write()
+        batch = []
+        for slot in ready:
+            msg = self.ep.take(int(slot))
+            self.sup.watchdog.heard(msg.rank, msg.kind == DONE)
+            if msg.kind == DONE:
+                self.done += 1
+                continue
+            staleness = self.clock - msg.version
+            t = clock_fn()
+            ok, stats = self.rule.apply(self.ep.theta, msg.payload, staleness)
+            apply_s = clock_fn() - t
+            apply_total += apply_s
+            batch.append(Applied(msg.rank, msg.seq, msg.ticket, msg.version, msg.loss,
+                                 msg.compute_s, ok, self.clock, staleness, apply_s,
+                                 t - self.sup.t0, stats))
+            if ok:
+                self.clock += 1
+        self.ep.end_write(self.clock)
+        self.ep.release(ready)
+        # the data positions move with θ, before any row is written: a failed write then
+        # cannot leave them apart
+        for u in batch:
+            self.next_seq[u.worker - 1] = u.seq + 1
+        self.sup.position = self.clock
+        self.timers["apply"] += apply_total
+        self.timers["mpi"] += clock_fn() - t_batch - apply_total
+        return batch
+
+    def _record(self, batch: list[Applied], queue: int) -> None:
+        sup, metrics, theta = self.sup, self.sup.metrics, self.ep.theta
+        for u in batch:
+            if not u.ok:
+                self._reject(u)
+                continue
+            if metrics is not None:
+                row = {"time": u.time, "worker": u.worker, "seq": u.seq, "ticket": u.ticket,
+                       "version_pulled": u.version_pulled, "clock": u.clock,
+                       "staleness": u.staleness, "loss": u.loss, "queue": queue,
+                       "compute_s": u.compute_s, "apply_s": u.apply_s}
+                if u.stats is not None:
+                    s = u.stats
+                    row.update(pi_median=s.pi_median, clamp_frac=s.clamp_frac,
+                               energy_central=s.energy_central, energy_proxy=s.energy_proxy)
+                metrics.add_update(row)
+            self.recent_staleness = 0.95 * self.recent_staleness + 0.05 * u.staleness
+            sup.observe(u.loss, u.clock, theta)
+            if sup.eval_due(u.clock):
+                sup.evaluate(theta, self.clock)
+
+    def _reject(self, u: Applied) -> None:
+        """Count a poisoned update; name its worker the first time and every 100th."""
+        count = self.rejected[u.worker] = self.rejected.get(u.worker, 0) + 1
+        if count == 1 or count % 100 == 0:
+            say(f"rejected update {u.seq} of worker {u.worker}: it holds NaN or Inf "
+                f"({count} rejected from this worker so far); θ is unchanged")
+        if self.sup.metrics is not None:
+            self.sup.metrics.add_rejected({"time": u.time, "worker": u.worker, "seq": u.seq,
+                                           "ticket": u.ticket})
+
+    def _status(self) -> str:
+        return (f"loss {self.sup.losses.recent:.4f} staleness {self.recent_staleness:.1f} "
+                f"workers done {self.done}/{self.n_workers}")
+
+    def _summary(self) -> dict:
+        return {"rejected": sum(self.rejected.values()),
+                **{f"master_{k}_s": v for k, v in self.timers.items()}}
+
+    def _stopped_by(self) -> str:
+        signum = self.sup.stop.signum
+        return f"signal {signum}" if signum else "a signal"
+
+    def _done_line(self, s: dict) -> str:
+        acc = "n/a" if np.isnan(s["test_accuracy"]) else f"{100 * s['test_accuracy']:.2f} %"
+        rejected = f", {s['rejected']} rejected updates" if s["rejected"] else ""
+        if self.verbose:
+            say("master time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.timers.items()))
+        return (f"done: {s['updates']} updates in {s['wall_s']:.1f} s "
+                f"({s['updates'] / max(s['wall_s'], 1e-9):.1f} upd/s), test loss "
+                f"{s['test_loss']:.4f}, test accuracy {acc}{rejected}")

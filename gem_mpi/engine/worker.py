@@ -1,0 +1,155 @@
+"""A worker rank: pull θ, compute Δθ = −η∇L(s) on its next mini-batch, commit, repeat.
+
+For GEM the worker also folds Δθ into its proxy momentum and sends the master the payload of
+:mod:`gem_mpi.algorithm.rule`. After a commit the worker waits until the master has applied
+it before pulling again, so its next s includes its own contribution and the shift the
+master measures, |θ − s|, counts the other workers' updates only.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from gem_mpi.algorithm.rule import WorkerRule
+from gem_mpi.config import Config, DataConfig, OptimConfig
+from gem_mpi.outputs import checkpoint
+from gem_mpi.problem import Problem, unflatten
+from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
+from gem_mpi.transport import MPI
+from gem_mpi.transport.endpoints import DONE, STOPPED, UPDATE, Layout, WorkerEndpoint
+
+
+class _QuadraticSteps:
+    """Δθ of the numpy quadratic problem; used by the invariant tests."""
+
+    def __init__(self, optim: OptimConfig, data: DataConfig, problem: Problem,
+                 rank: int) -> None:
+        self.q = problem.quadratic
+        self.lr = optim.lr
+        self.target = self.q.target(rank)
+        self.steps = data.max_steps or data.epochs * max(1, data.synthetic_size //
+                                                         data.batch_size)
+        self.device = "cpu (numpy)"
+
+    def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
+        return self.q.step(theta, self.target, self.lr)
+
+    def host(self, a: np.ndarray) -> np.ndarray:
+        return a
+
+
+class _TorchSteps:
+    """Δθ of a torch model on this worker's data stream, on its GPU or the CPU."""
+
+    def __init__(self, cfg: Config, problem: Problem, rank: int, n_workers: int,
+                 placement: Placement, start_seq: int = 0) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        self.torch, self.F = torch, F
+        self.device = torch_device(cfg.runtime.threads, placement)
+        self.seed, self.rank = cfg.data.seed, rank
+        self.model = problem.model.to(self.device)
+        self.model.train()
+        self.params = list(self.model.parameters())
+        n = problem.n_params
+        on_gpu = self.device.type == "cuda"
+        # host staging buffers (pinned on GPU, so copies are DMA and can overlap)
+        self._delta_host = torch.empty(n, dtype=torch.float32, pin_memory=on_gpu)
+        self._a_host = torch.empty(n, dtype=torch.float32, pin_memory=on_gpu)
+        self._flat = torch.empty(n, dtype=torch.float32, device=self.device)
+        self._views = unflatten(self._flat, self.params)
+        self.delta = torch.empty(n, dtype=torch.float32, device=self.device)  # Δθ on the device
+        self.steps, self.batches = data_stream(cfg.data, rank, n_workers, start_seq)
+        self.lr = cfg.optim.lr
+
+    def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
+        torch = self.torch
+        seed_dropout(self.seed, self.rank, seq)  # randomness a function of (seed, worker, step)
+        self._flat.copy_(torch.from_numpy(theta), non_blocking=True)
+        with torch.no_grad():
+            for p, view in zip(self.params, self._views):
+                p.copy_(view)
+        x, y = next(self.batches)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        for p in self.params:
+            p.grad = None
+        loss = self.F.nll_loss(self.model(x), y)
+        loss.backward()
+        torch.cat([p.grad.reshape(-1) for p in self.params], out=self.delta)
+        self.delta.mul_(-self.lr)  # Δθ, on the device
+        self._delta_host.copy_(self.delta, non_blocking=True)
+        value = float(loss.detach())  # synchronises the device, so the host copy is done
+        return self._delta_host.numpy(), value
+
+    def host(self, a: object) -> np.ndarray:
+        """A device array on the host (κ|m| before it is sent)."""
+        self._a_host.copy_(a)
+        return self._a_host.numpy()
+
+
+def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
+               placement: Placement, start_seq: int = 0) -> int:
+    """Train until the data budget is used (or the master stops the run early); returns the
+    master's stop word (transport.endpoints.FINISHED, ABORTED or STOPPED).
+
+    ``start_seq`` > 0 resumes from a checkpoint: the first ``start_seq`` updates of this
+    worker were applied before it, so its data stream continues after them.
+    """
+    rank = comm.Get_rank()
+    if problem.quadratic is not None:
+        steps_fn: _QuadraticSteps | _TorchSteps = _QuadraticSteps(cfg.optim, cfg.data, problem,
+                                                                  rank)
+    else:
+        steps_fn = _TorchSteps(cfg, problem, rank, layout.n_workers, placement, start_seq)
+    ep = WorkerEndpoint(comm, layout, poll_limit=cfg.runtime.poll_max_ms / 1000.0)
+    directory = cfg.outputs.checkpoint_dir
+    on_device = isinstance(steps_fn, _TorchSteps)
+    rule = WorkerRule(cfg.optim, steps_fn.delta if on_device else np.zeros(problem.n_params,
+                                                                             np.float32))
+    momentum = rule.momentum
+    if momentum is not None:
+        momentum.folded = start_seq
+        if start_seq and directory:  # a stopped run's momentum, if it matches
+            found = checkpoint.load_worker_momentum(directory, rank, start_seq, cfg.as_dict())
+            if found is not None:
+                momentum.restore(found, start_seq)
+    if cfg.monitor.verbose:
+        print(f"gem_mpi: worker {rank}: steps {start_seq}..{steps_fn.steps} on "
+              f"{steps_fn.device}", file=sys.stderr, flush=True)
+    slow_factor = slowness(cfg, comm.Get_size(), rank)
+    version = ep.pull()
+    t_wait = 0.0
+    stopped = False
+    for seq in range(start_seq, steps_fn.steps):
+        t0 = time.perf_counter()
+        delta, loss = steps_fn(ep.theta, seq)
+        # s: the θ this Δθ was computed on
+        parts = rule.payload(delta, ep.theta, steps_fn.delta if on_device else None,
+                             steps_fn.host)
+        compute_s = time.perf_counter() - t0
+        if slow_factor > 1.0:  # --straggler: this worker takes FACTOR times as long
+            time.sleep((slow_factor - 1.0) * compute_s)
+            compute_s *= slow_factor
+        ep.commit(UPDATE, seq, version, loss, compute_s, parts)
+        tw = time.perf_counter()
+        if not ep.wait_slot_free():
+            stopped = True
+            break
+        t_wait += time.perf_counter() - tw
+        version = ep.pull()
+        if cfg.monitor.verbose and (seq + 1) % 100 == 0:
+            print(f"gem_mpi: worker {rank}: step {seq + 1}/{steps_fn.steps} loss {loss:.4f} "
+                  f"waited {t_wait:.1f} s", file=sys.stderr, flush=True)
+    if not stopped:
+        ep.commit(DONE, steps_fn.steps, version)
+    code = ep.wait_shutdown()
+    ep.close()
+    if code == STOPPED and momentum is not None and directory:
+        m, prev = momentum.arrays()
+        checkpoint.save_worker_momentum(directory, rank, momentum.folded, m, prev,
+                                        cfg.as_dict())
+    return code

@@ -1,0 +1,154 @@
+"""The master's and a worker's view of the transport, composed of the RMA idioms.
+
+A worker pulls θ (a :class:`VersionedArray`), computes, and posts its update into its own
+:class:`Mailbox` slot with a ticket from the :class:`TicketCounter`; the master takes ready
+messages lowest ticket first, applies them under θ's exclusive lock, and releases the
+slots. The :class:`StopWord` tells workers when the run ends and how. Neither side sees a
+window, a cell or a displacement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gem_mpi.transport import MASTER, MPI, Backoff, soft_barrier
+from gem_mpi.transport.idioms import Mailbox, Message, StopWord, TicketCounter, VersionedArray
+
+# message kinds
+UPDATE = 1  # carries the payload
+DONE = 2  # the worker's budget is used up; no payload
+
+# the stop word
+RUNNING = 0
+FINISHED = 1
+ABORTED = 2
+STOPPED = 3  # stopped early (signal): workers leave without their DONE message
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Sizes every rank must agree on before the collective window allocation."""
+
+    n_workers: int
+    n_params: int
+    payload_floats: int  # floats per update message
+
+
+class _Endpoint:
+    """The idioms, allocated collectively in one order on every rank and freed likewise."""
+
+    def __init__(self, comm: MPI.Intracomm, layout: Layout, ticket0: int = 0) -> None:
+        self.layout = layout
+        soft_barrier(comm)  # ranks arrive after uneven imports and data loading
+        self.tickets = TicketCounter(comm, ticket0)
+        self.stop = StopWord(comm)
+        self.mailbox = Mailbox(comm, layout.n_workers, layout.payload_floats)
+        self.theta_window = VersionedArray(comm, layout.n_params)
+
+    def _open(self, comm: MPI.Intracomm) -> None:
+        for idiom in (self.tickets, self.stop, self.mailbox):
+            idiom.open()
+        comm.Barrier()  # rank 0's initial values are in place before any worker looks
+
+    def _free(self) -> None:
+        for idiom in (self.theta_window, self.mailbox, self.stop, self.tickets):
+            idiom.free()
+
+
+class MasterEndpoint(_Endpoint):
+    """Rank 0's view: its own windows' memory, no MPI call on the data path."""
+
+    def __init__(self, comm: MPI.Intracomm, layout: Layout, theta0: np.ndarray,
+                 version0: int = 0, ticket0: int = 0) -> None:
+        super().__init__(comm, layout, ticket0)
+        self.theta = self.theta_window.data
+        self.theta_window.set(theta0, version0)
+        self._open(comm)
+
+    def ready(self) -> np.ndarray:
+        """Slots with a message waiting, lowest ticket first."""
+        return self.mailbox.ready()
+
+    def take(self, slot: int) -> Message:
+        return self.mailbox.take(slot, (UPDATE,))
+
+    def release(self, slots: np.ndarray | list[int]) -> None:
+        self.mailbox.release(slots)
+
+    def begin_write(self) -> None:
+        self.theta_window.begin_write()
+
+    def end_write(self, version: int) -> None:
+        self.theta_window.end_write(version)
+
+    def tickets_drawn(self) -> int:
+        return self.tickets.drawn()
+
+    def shutdown(self, code: int = FINISHED) -> None:
+        """Tell waiting workers to leave, then free the windows with them."""
+        self.stop.say(code)
+        self._free()
+
+
+class WorkerEndpoint(_Endpoint):
+    """A worker's view: pulls θ and posts messages into its own mailbox slot on rank 0."""
+
+    def __init__(self, comm: MPI.Intracomm, layout: Layout, poll_limit: float = 5e-3) -> None:
+        super().__init__(comm, layout)
+        self.rank = comm.Get_rank()
+        self.slot = self.rank - 1
+        self.theta = self.theta_window.data
+        self._pending = False
+        self._backoff = Backoff(limit=poll_limit)
+        self._open(comm)
+
+    def pull(self) -> int:
+        """θ into ``self.theta``, never torn; returns its version."""
+        return self.theta_window.read()
+
+    def stop_code(self) -> int:
+        """The master's stop word: RUNNING while the run goes on."""
+        return self.stop.heard()
+
+    def wait_slot_free(self) -> bool:
+        """Block (backing off) until the master consumed our previous message.
+
+        Returns False instead when the master has stopped the run (it will not consume it).
+        """
+        if not self._pending:
+            return self.stop_code() == RUNNING
+        self._backoff.reset()
+        while not self.mailbox.is_free(self.slot):
+            if self.stop_code():
+                return False
+            self._backoff.wait()
+        self._pending = False
+        return self.stop_code() == RUNNING
+
+    def commit(self, kind: int, seq: int, version: int, loss: float = 0.0,
+               compute_s: float = 0.0, parts: tuple[np.ndarray, ...] = ()) -> int:
+        """Post one message; returns its ticket."""
+        if self._pending and not self.wait_slot_free():
+            raise RuntimeError("commit after the master stopped the run")
+        ticket = self.mailbox.post(self.slot, self.tickets, parts, rank=self.rank, seq=seq,
+                                   version=version, kind=kind, loss=loss, compute_s=compute_s)
+        self._pending = True
+        return ticket
+
+    def wait_shutdown(self) -> int:
+        """After our last message: wait, without spinning, for the master's word to leave."""
+        backoff = Backoff(limit=max(self._backoff.limit, 50e-3))  # latency matters little here
+        while True:
+            code = self.stop_code()
+            if code:
+                return code
+            backoff.wait()
+
+    def close(self) -> None:
+        self._free()
+
+
+__all__ = ["ABORTED", "DONE", "FINISHED", "MASTER", "RUNNING", "STOPPED", "UPDATE", "Layout",
+           "MasterEndpoint", "Message", "WorkerEndpoint"]

@@ -1,0 +1,250 @@
+"""One class per RMA idiom, each owning one window that lives on rank 0.
+
+Every window is made with ``Win.Allocate`` (Open MPI progresses atomics without the target
+calling MPI only on such windows); rank 0 holds the memory, every other rank contributes zero
+bytes. Windows are allocated collectively, so every rank must construct the same idioms in
+the same order (the endpoints do). Rank 0 reads and writes its own memory through numpy
+views; ``Win.Sync`` inside its passive epoch is the memory barrier that makes the workers'
+Puts and atomics visible to it, and its stores visible to them.
+
+Working configuration (Open MPI 4.1, mpi4py 4.1): 8-byte ``Compare_and_swap`` is never used
+(it crashed rank 0 on ``Allocate`` windows in Open MPI 4.1.4); every atomic is a
+``Fetch_and_op`` followed by a ``Flush``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gem_mpi.transport import MASTER, MPI, Backoff
+
+HEADER_BYTES = 64
+
+# A mailbox message's header: 64 bytes, read on rank 0 as one record.
+HEADER = np.dtype([("rank", "<i8"), ("seq", "<i8"), ("version", "<i8"), ("kind", "<i8"),
+                   ("nfloats", "<i8"), ("loss", "<f8"), ("compute_s", "<f8"),
+                   ("_pad", "<i8")])
+assert HEADER.itemsize == HEADER_BYTES
+
+
+def _bytes(a: np.ndarray) -> list:
+    """An MPI buffer spec of raw bytes, so origin and target signatures always match."""
+    return [a.reshape(-1).view(np.uint8), MPI.BYTE]
+
+
+class _Window:
+    """A window of ``nbytes`` on rank 0, in one shared passive epoch for the whole run unless
+    ``epoch`` is False (then the owner locks it per access)."""
+
+    def __init__(self, comm: MPI.Intracomm, nbytes: int, disp_unit: int,
+                 epoch: bool = True) -> None:
+        self.is_master = comm.Get_rank() == MASTER
+        self.win = MPI.Win.Allocate(nbytes if self.is_master else 0, disp_unit, comm=comm)
+        self.memory = (np.frombuffer(self.win.tomemory(), dtype=np.uint8) if self.is_master
+                       else np.zeros(0, np.uint8))
+        self.memory[:] = 0
+        self._epoch = epoch
+        self._freed = False
+
+    def open(self) -> None:
+        if self._epoch:
+            self.win.Lock(MASTER, MPI.LOCK_SHARED)
+
+    def free(self) -> None:
+        if not self._freed:
+            self._freed = True
+            if self._epoch:
+                self.win.Unlock(MASTER)
+            self.win.Free()
+
+
+class _Cell(_Window):
+    """One int64 on rank 0, read and changed by workers with atomics."""
+
+    def __init__(self, comm: MPI.Intracomm, value: int = 0) -> None:
+        super().__init__(comm, 8, 8)
+        self.local = self.memory.view(np.int64)  # rank 0's own view
+        if self.is_master:
+            self.local[0] = value
+        self._operand = np.zeros(1, np.int64)
+        self._result = np.zeros(1, np.int64)
+
+    def _fetch_and_op(self, operand: int, op: MPI.Op) -> int:
+        self._operand[0] = operand
+        self.win.Fetch_and_op(self._operand, self._result, MASTER, 0, op)
+        self.win.Flush(MASTER)
+        return int(self._result[0])
+
+    def read_local(self) -> int:
+        self.win.Sync()
+        return int(self.local[0])
+
+
+class TicketCounter(_Cell):
+    """A global counter: each draw returns a distinct number, in the order of the draws."""
+
+    def draw(self) -> int:
+        return self._fetch_and_op(1, MPI.SUM)
+
+    def drawn(self) -> int:
+        """Rank 0: the tickets drawn so far."""
+        return self.read_local()
+
+
+class StopWord(_Cell):
+    """Rank 0's word to every worker: 0 while the run goes on, else how it ended."""
+
+    def say(self, code: int) -> None:
+        self.local[0] = code
+        self.win.Sync()
+
+    def heard(self) -> int:
+        return self._fetch_and_op(0, MPI.NO_OP)
+
+
+class VersionedArray(_Window):
+    """A float32 array with a version number, written by rank 0 under an exclusive lock on
+    its own window, read by workers in one ``Get`` of header and data under a shared lock:
+    a read is never a torn mixture of two versions."""
+
+    def __init__(self, comm: MPI.Intracomm, n: int) -> None:
+        self.nbytes = HEADER_BYTES + 4 * n
+        super().__init__(comm, self.nbytes, 1, epoch=False)
+        if self.is_master:
+            self._version = self.memory[:HEADER_BYTES].view(np.int64)
+            self.data = self.memory[HEADER_BYTES:].view(np.float32)
+        else:  # the reader's copy, header and data in one buffer for one Get
+            self._buffer = np.empty(HEADER_BYTES // 4 + n, dtype=np.float32)
+            self._version = self._buffer[:HEADER_BYTES // 4].view(np.int64)
+            self.data = self._buffer[HEADER_BYTES // 4:]
+
+    # rank 0
+    def begin_write(self) -> None:
+        """No reader's Get can interleave with what is written until end_write."""
+        self.win.Lock(MASTER, MPI.LOCK_EXCLUSIVE)
+
+    def end_write(self, version: int) -> None:
+        self._version[0] = version
+        self.win.Unlock(MASTER)
+
+    def set(self, values: np.ndarray, version: int) -> None:
+        self.begin_write()
+        self.data[:] = values
+        self.end_write(version)
+
+    # workers
+    def read(self) -> int:
+        """Copy version and data into ``self.data``; returns the version."""
+        self.win.Lock(MASTER, MPI.LOCK_SHARED)
+        self.win.Get(_bytes(self._buffer), MASTER, (0, self.nbytes, MPI.BYTE))
+        self.win.Unlock(MASTER)
+        return int(self._version[0])
+
+
+class Message:
+    """A message rank 0 took out of a mailbox slot: its header and its payload (a view into
+    the slot, valid until the slot is released)."""
+
+    __slots__ = ("header", "payload", "slot", "ticket")
+
+    def __init__(self, slot: int, ticket: int, header: np.void, payload: np.ndarray) -> None:
+        self.slot, self.ticket, self.header, self.payload = slot, ticket, header, payload
+
+    def __getattr__(self, name: str) -> object:  # rank, seq, version, kind, loss, compute_s
+        return self.header[name].item()
+
+
+class Mailbox:
+    """One slot per worker (header + payload) and one ready flag per slot.
+
+    A post is: ``Put`` header and payload into the own slot, ``Flush``, draw a ticket, then
+    publish ``ticket + 1`` in the ready flag. Because the ticket is drawn only once the
+    payload is complete, ticket order is the order in which messages became ready; rank 0
+    takes the ready slots lowest ticket first. A worker posts again only once rank 0 has
+    released its slot (flag back to 0). Rank 0 checks each message's length on arrival.
+    """
+
+    def __init__(self, comm: MPI.Intracomm, n_slots: int, payload_floats: int) -> None:
+        self.n_slots, self.payload_floats = n_slots, payload_floats
+        self.slot_bytes = (HEADER_BYTES + 4 * payload_floats + 63) // 64 * 64
+        self._flags = _Window(comm, 8 * n_slots, 8)  # int64 cells, one per slot
+        self._slots = _Window(comm, self.slot_bytes * n_slots, 1)
+        self._one = np.zeros(1, np.int64)
+        self._result = np.zeros(1, np.int64)
+        if self._flags.is_master:
+            self.flags = self._flags.memory.view(np.int64)
+            slots = self._slots.memory.reshape(n_slots, self.slot_bytes)
+            self._headers = slots[:, :HEADER_BYTES]
+            self.payloads = slots[:, HEADER_BYTES:HEADER_BYTES + 4 * payload_floats].view(
+                np.float32)
+            self._snap = np.zeros(n_slots, np.int64)
+        else:
+            self._header = np.zeros(1, HEADER)
+
+    def open(self) -> None:
+        self._flags.open()
+        self._slots.open()
+
+    def free(self) -> None:
+        self._slots.free()
+        self._flags.free()
+
+    # rank 0
+    def ready(self) -> np.ndarray:
+        """Slots holding a message, lowest ticket first (decided on one snapshot)."""
+        self._flags.win.Sync()
+        self._slots.win.Sync()
+        snap = self.flags.copy()  # workers keep writing
+        idx = np.flatnonzero(snap)
+        if idx.size > 1:
+            idx = idx[np.argsort(snap[idx], kind="stable")]
+        self._snap = snap
+        return idx
+
+    def take(self, slot: int, kinds_with_payload: tuple[int, ...]) -> Message:
+        """The message in a ready slot; its length must be what its kind carries."""
+        header = self._headers[slot].view(HEADER)[0].copy()
+        want = self.payload_floats if int(header["kind"]) in kinds_with_payload else 0
+        if int(header["nfloats"]) != want:
+            raise RuntimeError(f"corrupt message in mailbox slot {slot}: kind "
+                               f"{int(header['kind'])} with {int(header['nfloats'])} floats, "
+                               f"expected {want}")
+        return Message(slot, int(self._snap[slot]) - 1, header, self.payloads[slot])
+
+    def release(self, slots: np.ndarray | list[int]) -> None:
+        """Mark slots free once their messages have been consumed."""
+        self.flags[slots] = 0
+        self._flags.win.Sync()
+
+    # workers
+    def is_free(self, slot: int) -> bool:
+        self._one[0] = 0
+        self._flags.win.Fetch_and_op(self._one, self._result, MASTER, slot, MPI.NO_OP)
+        self._flags.win.Flush(MASTER)
+        return int(self._result[0]) == 0
+
+    def post(self, slot: int, counter: TicketCounter, parts: tuple[np.ndarray, ...],
+             **fields: float) -> int:
+        """Deposit one message in ``slot`` and publish it with a fresh ticket; returns it."""
+        h = self._header
+        for name, value in fields.items():
+            h[name] = value
+        h["nfloats"] = sum(p.size for p in parts)
+        if h["nfloats"][0] > self.payload_floats:
+            raise ValueError("payload larger than the mailbox slot")
+        win, disp = self._slots.win, slot * self.slot_bytes
+        win.Put(_bytes(h), MASTER, (disp, HEADER_BYTES, MPI.BYTE))
+        offset = disp + HEADER_BYTES
+        for part in parts:  # buffers stay referenced by the caller until the Flush below
+            win.Put(_bytes(part), MASTER, (offset, part.nbytes, MPI.BYTE))
+            offset += part.nbytes
+        win.Flush(MASTER)
+        ticket = counter.draw()
+        self._one[0] = ticket + 1
+        self._flags.win.Fetch_and_op(self._one, self._result, MASTER, slot, MPI.REPLACE)
+        self._flags.win.Flush(MASTER)
+        return ticket
+
+
+__all__ = ["HEADER", "Backoff", "Mailbox", "Message", "StopWord", "TicketCounter",
+           "VersionedArray"]

@@ -1,0 +1,60 @@
+"""The sectioned configuration: the parser is built from the fields, and validation from their
+rules (unit tests: no MPI)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gem_mpi import config
+from gem_mpi.errors import UsageError
+
+# the flat option names every metrics file and checkpoint records (their "config")
+RECORDED = {
+    "method", "model", "dataset", "data_dir", "lr", "momentum", "kappa", "pi_max", "eps",
+    "batch_size", "epochs", "max_steps", "shard", "seed", "eval_every", "eval_batch_size",
+    "metrics", "save", "synthetic_size", "quadratic_dim", "threads", "poll_max_ms",
+    "log_every", "verbose", "no_extension", "straggler", "stop_on_divergence",
+    "divergence_factor", "checkpoint_dir", "checkpoint_every", "resume", "min_free_mb",
+    "worker_timeout",
+}
+
+
+def test_every_option_is_in_exactly_one_section_and_recorded_flat():
+    cfg, _ = config.parse([])
+    assert set(cfg.as_dict()) == RECORDED
+    names = [f.name for s in config.SECTIONS.values() for f in dataclasses.fields(s)]
+    assert len(names) == len(set(names))
+    assert config.Config.of(**cfg.as_dict()) == cfg
+
+
+def test_the_parser_follows_the_fields():
+    cfg, _ = config.parse(["--lr", "0.1", "--no-stop-on-divergence", "--shard", "--metrics",
+                           "m.h5", "--straggler", "2:5", "--threads", "3"])
+    assert cfg.optim.lr == 0.1 and cfg.monitor.stop_on_divergence is False
+    assert cfg.data.shard is True and cfg.outputs.metrics == "m.h5"
+    assert cfg.runtime.straggler == "2:5" and cfg.runtime.threads == 3
+    _, help_text = config.parse(["--help"])
+    for section in config.SECTIONS:
+        assert f"{section}:" in help_text
+    with pytest.raises(UsageError, match="unrecognized arguments"):
+        config.parse(["--no-such-option"])
+
+
+@pytest.mark.parametrize("option, value", [("--eps", "1e-50"), ("--pi-max", "1e-50"),
+                                           ("--pi-max", "1e40"), ("--lr", "nan"),
+                                           ("--momentum", "1"), ("--divergence-factor", "1")])
+def test_values_that_cannot_work_are_one_line(option, value):
+    cfg, _ = config.parse([option, value])
+    with pytest.raises(UsageError, match=f"^{option} must be .*got"):
+        config.validate(cfg, 5)
+
+
+def test_eps_and_pi_max_are_checked_in_the_kernels_float32():
+    """1e-50 is positive in float64 but 0 in float32: the kernel would divide by it."""
+    cfg, _ = config.parse(["--eps", "1e-30"])
+    config.validate(cfg, 5)  # representable in float32: fine
+    cfg, _ = config.parse(["--eps", "1e-50"])
+    with pytest.raises(UsageError, match="finite in float32"):
+        config.validate(cfg, 5)
