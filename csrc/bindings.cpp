@@ -95,7 +95,7 @@ py::array_t<T, py::array::c_style> as_typed(const char* fn, const char* name,
 bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::object& a_o,
               const py::object& s_o, const py::object& offsets_o, float eps, float pi_max,
               const py::object& hist_o, const py::object& sums_o, const py::object& counts_o,
-              int threads) {
+              int threads, const py::object& keep_o) {
   const char* fn = "gem_step";
   F32 theta = as_vector(fn, "theta", theta_o, true);
   F32 delta = as_vector(fn, "delta", delta_o, false);
@@ -105,6 +105,13 @@ bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::ob
   check_size(fn, "delta", delta, n);
   check_size(fn, "a", a, n);
   check_size(fn, "s", s, n);
+  float* keep_p = nullptr;
+  F32 keep;
+  if (!keep_o.is_none()) {
+    keep = as_vector(fn, "keep", keep_o, true);
+    check_size(fn, "keep", keep, n);
+    keep_p = keep.mutable_data();
+  }
   auto offsets = as_typed<std::int64_t>(fn, "offsets", offsets_o, 1, false);
   auto hist = as_typed<std::int64_t>(fn, "hist", hist_o, 2, true);
   auto sums = as_typed<double>(fn, "sums", sums_o, 2, true);
@@ -133,7 +140,7 @@ bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::ob
   double* sums_p = sums.mutable_data();
   std::int64_t* counts_p = counts.mutable_data();
   py::gil_scoped_release nogil;
-  return gem_mpi::gem_step(theta_p, delta.data(), a.data(), s.data(),
+  return gem_mpi::gem_step(theta_p, delta.data(), a.data(), s.data(), keep_p,
                            static_cast<std::size_t>(n), off, static_cast<std::size_t>(t), eps,
                            pi_max, hist_p, sums_p, counts_p, threads);
 }
@@ -201,7 +208,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("gem_step", &gem_step, py::arg("theta"), py::arg("delta"), py::arg("a"), py::arg("s"),
         py::arg("offsets"), py::arg("eps"), py::arg("pi_max"), py::arg("hist"),
         py::arg("sums"), py::arg("counts"), py::arg("threads") = 1,
-        R"doc(gem_step(theta, delta, a, s, offsets, eps, pi_max, hist, sums, counts, threads=1) -> bool
+        py::arg("keep") = py::none(),
+        R"doc(gem_step(theta, delta, a, s, offsets, eps, pi_max, hist, sums, counts, threads=1, keep=None) -> bool
 
 One fused GEM step in place on theta (1-D float32; delta, a, s of the same size), with
 per-tensor statistics accumulated into hist (int64, (T, HIST_BINS + 2); a tensor of n
@@ -209,7 +217,8 @@ elements contributes every sample_stride(n)-th one), sums (float64, (T, 2): sum 
 (theta_new - s)^2 and of a^2) and counts (int64, (T, 2): elements with pi <= 0 and with
 pi >= pi_max), T = len(offsets) - 1.
 Returns False, writing nothing, when delta, a or s holds a NaN or Inf. theta is
-bit-identical to gem_mpi.gem.gem_step_numpy. The GIL is released.)doc");
+bit-identical to gem_mpi.algorithm.kernel.gem_step_numpy. keep (float32, same size, may be
+s itself): receives theta before the update. The GIL is released.)doc");
 
   m.def("fixed_step", &fixed_step, py::arg("theta"), py::arg("delta"), py::arg("scale"),
         py::arg("threads") = 1,

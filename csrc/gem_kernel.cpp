@@ -103,8 +103,9 @@ bool all_finite_mt(const float* x, const float* y, const float* z, std::size_t n
 // reductions (lane order fixed for a given build; theta is element-wise and unaffected).
 // The histogram takes the elements lo, lo + stride, lo + 2 stride, ... of the tensor, in a
 // second loop over four sub-histograms so that repeated bins do not serialise.
+template <bool Keep>
 GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const float* a,
-                                    const float* s, std::size_t b, std::size_t e,
+                                    const float* s, float* keep, std::size_t b, std::size_t e,
                                     std::size_t lo, std::size_t stride, float eps,
                                     float pi_max, float inv_width, std::int64_t* hist_row,
                                     double* sums_row, std::int64_t* counts_row) {
@@ -119,17 +120,20 @@ GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const floa
     const float* d = delta + base;
     const float* aa = a + base;
     const float* ss = s + base;
+    float* kp = Keep ? keep + base : nullptr;
     float se_block = 0.0f, sa_block = 0.0f;  // a block's sums in float lanes, then double
     std::int32_t low_block = 0, high_block = 0;
 #pragma omp simd reduction(+ : se_block, sa_block, low_block, high_block)
     for (std::size_t k = 0; k < m; ++k) {  // the numpy reference's operations, in its order
       const float t = th[k];
-      const float shift = std::fabs(t - ss[k]);
+      const float sv = ss[k];  // read once: keep may be s itself
+      const float shift = std::fabs(t - sv);
       const float denom = std::fabs(d[k]) + eps;
       const float pi = clip_like_numpy((aa[k] - shift) / denom, 0.0f, pi_max);
       const float nt = t + pi * d[k];
       th[k] = nt;
-      const float diff = nt - ss[k];
+      if constexpr (Keep) kp[k] = t;  // θ before this update: the worker's next s
+      const float diff = nt - sv;
       se_block += diff * diff;
       sa_block += aa[k] * aa[k];
       low_block += (pi > 0.0f) ? 0 : 1;
@@ -171,9 +175,10 @@ GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const floa
 }  // namespace
 
 
-bool gem_step(float* theta, const float* delta, const float* a, const float* s, std::size_t n,
-              const std::int64_t* offsets, std::size_t n_tensors, float eps, float pi_max,
-              std::int64_t* hist, double* sums, std::int64_t* counts, int threads) {
+bool gem_step(float* theta, const float* delta, const float* a, const float* s, float* keep,
+              std::size_t n, const std::int64_t* offsets, std::size_t n_tensors, float eps,
+              float pi_max, std::int64_t* hist, double* sums, std::int64_t* counts,
+              int threads) {
   if (!all_finite_mt(delta, a, s, n, threads)) return false;
   const float inv_width = static_cast<float>(kHistBins) / pi_max;
   const int t = std::max(1, threads);
@@ -195,8 +200,15 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
       if (seg_end > i) {
         const auto lo = static_cast<std::size_t>(offsets[row]);
         const std::size_t size = static_cast<std::size_t>(offsets[row + 1]) - lo;
-        gem_block_range(theta, delta, a, s, i, seg_end, lo, sample_stride(size), eps, pi_max,
-                        inv_width, h + row * kHistRow, sm + row * 2, cn + row * 2);
+        if (keep != nullptr) {
+          gem_block_range<true>(theta, delta, a, s, keep, i, seg_end, lo, sample_stride(size),
+                                eps, pi_max, inv_width, h + row * kHistRow, sm + row * 2,
+                                cn + row * 2);
+        } else {
+          gem_block_range<false>(theta, delta, a, s, nullptr, i, seg_end, lo,
+                                 sample_stride(size), eps, pi_max, inv_width,
+                                 h + row * kHistRow, sm + row * 2, cn + row * 2);
+        }
         i = seg_end;
       }
       ++row;

@@ -34,12 +34,15 @@ inline std::size_t sample_stride(std::size_t n) noexcept {
 //   sums[2 t] += (theta_new[i] - s[i])^2 ;  sums[2 t + 1] += a[i]^2   (float32 squares,
 //   summed in float within blocks of 1024 elements, then in double)
 //   counts[2 t] += (pi <= 0) ;  counts[2 t + 1] += (pi >= pi_max)   (exact clamp counts)
+//   keep[i] = theta[i] before the update, when keep is not null (it may be s itself: the
+//   paper's reading of the shift, where a worker's next s is θ just before this update)
 // hist, sums and counts are accumulated into (the caller zeroes them). threads >= 1 splits the
 // elements into contiguous ranges; theta and hist do not depend on it, the sums' rounding
 // does (summation order).
-bool gem_step(float* theta, const float* delta, const float* a, const float* s, std::size_t n,
-              const std::int64_t* offsets, std::size_t n_tensors, float eps, float pi_max,
-              std::int64_t* hist, double* sums, std::int64_t* counts, int threads);
+bool gem_step(float* theta, const float* delta, const float* a, const float* s, float* keep,
+              std::size_t n, const std::int64_t* offsets, std::size_t n_tensors, float eps,
+              float pi_max, std::int64_t* hist, double* sums, std::int64_t* counts,
+              int threads);
 
 // theta[i] += scale * delta[i] (DOWNPOUR: scale 1; adaptive staleness: 1 / (tau + 1)),
 // unless delta holds a non-finite value: then nothing is written and false is returned.

@@ -31,6 +31,8 @@ QUADRATIC = "quadratic"  # the numpy test problem: no torch, no data
 TORCH_MODELS = ("mnist-cnn", "alexnet", "resnet18")
 MODELS = (*TORCH_MODELS, QUADRATIC)
 DATASETS = ("fashion-mnist", "mnist", "imagenet", "synthetic")
+SHIFT_OTHERS, SHIFT_PAPER = "others", "paper"  # GEM's two readings of the shift |θ − s|
+GEM_SHIFTS = (SHIFT_OTHERS, SHIFT_PAPER)
 
 Check = tuple[Callable[[Any], bool], str]  # (is it valid?, what "must be" says otherwise)
 
@@ -67,6 +69,12 @@ class OptimConfig:
     kappa: float = opt(1.0, "proxy amplification κ (> 0)", check=POSITIVE)
     pi_max: float = opt(5.0, "upper clamp of the GEM scale π (> 0)", check=POSITIVE_F32)
     eps: float = opt(1e-16, "ε in π's denominator |Δθ| + ε (> 0)", check=POSITIVE_F32)
+    gem_shift: str = opt(SHIFT_OTHERS, "GEM's shift |θ − s|: 'others' takes s after the "
+                         "worker's own previous update was applied (it counts the other "
+                         "workers' updates); 'paper' takes s just before it was applied, as "
+                         "the paper's Algorithm 1 prints it (it also counts the worker's own "
+                         "previous scaled update)",
+                         check=(lambda v: v in GEM_SHIFTS, f"one of {', '.join(GEM_SHIFTS)}"))
 
 
 @dataclass(frozen=True)

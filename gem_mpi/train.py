@@ -86,7 +86,7 @@ def _resume(cfg: config.Config, n_workers: int, n_params: int) -> dict | None:
 
 def run(cfg: config.Config, comm: MPI.Intracomm) -> Outcome:
     """This rank's part of the run: the master, a worker, or a synchronous worker."""
-    from gem_mpi.algorithm.rule import payload_floats
+    from gem_mpi.algorithm.rule import payload_floats, update_lengths
     from gem_mpi.problem import build_problem
     from gem_mpi.run.rank import local_placement
 
@@ -102,7 +102,8 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> Outcome:
         return run_sync(cfg, comm, problem, placement, stop, resumed)
     from gem_mpi.transport.endpoints import ABORTED, Layout
 
-    layout = Layout(n_workers, problem.n_params, payload_floats(cfg.method, problem.n_params))
+    layout = Layout(n_workers, problem.n_params, payload_floats(cfg.method, problem.n_params),
+                    update_lengths(cfg.optim, problem.n_params))
     soft_barrier(comm)
     start_seqs = comm.bcast(None if resumed is None else resumed["next_seq"].tolist(),
                             root=MASTER)

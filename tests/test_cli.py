@@ -19,6 +19,8 @@ QUAD = ["--model", "quadratic", "--dataset", "synthetic", "--max-steps", "5"]
         (["--momentum", "-0.1"], "--momentum must be in [0, 1)"),
         (["--kappa", "0"], "--kappa must be > 0"),
         (["--pi-max", "-1"], "--pi-max must be > 0"),
+        (["--eps", "1e-50"], "--eps must be > 0 and finite in float32"),
+        (["--gem-shift", "mine"], "--gem-shift must be one of others, paper"),
         (["--batch-size", "0"], "--batch-size must be > 0"),
         (["--lr", "abc"], "invalid float value"),
         (["--method", "sgd"], "unknown --method 'sgd'"),

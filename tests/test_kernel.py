@@ -229,3 +229,47 @@ def test_build_info(core):
     info = core.build_info()
     assert "-ffp-contract=off" in info["flags"]
     assert isinstance(info["native"], bool)
+
+
+@pytest.mark.parametrize("into", ["s", "separate"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_keep_receives_theta_before_the_update(core, into, threads):
+    """The paper's shift: the kernel writes θ before the update into the slot's s (keep may
+    be s itself) in the same pass; θ and the statistics are those of the plain step."""
+    n = 100_003
+    theta, delta, a, s = _inputs(n, seed=5)
+    offsets = _offsets(n)
+    plain = _both(core, theta, delta, a, s, offsets, threads=threads)
+    t = len(offsets) - 1
+    for fn in ("c", "numpy"):
+        th, s_in = theta.copy(), s.copy()
+        keep = s_in if into == "s" else np.full(n, np.nan, np.float32)
+        hist = np.zeros((t, gem.HIST_BINS + 2), np.int64)
+        sums, counts = np.zeros((t, 2)), np.zeros((t, 2), np.int64)
+        if fn == "c":
+            ok = core.gem_step(th, delta, a, s_in, offsets, EPS, PI_MAX, hist, sums, counts,
+                               threads, keep)
+        else:
+            ok = gem.gem_step_numpy(th, delta, a, s_in, offsets, EPS, PI_MAX, hist, sums,
+                                    counts, keep)
+        _assert_same((ok, th, hist, sums, counts), plain[1])
+        assert np.array_equal(keep.view(np.uint32), theta.view(np.uint32))
+
+
+def test_the_two_shift_readings_differ_as_the_paper_says(core):
+    """One worker, the same Δθ = −0.1 twice, μ 0.9, κ 1: Algorithm 1's shift counts the
+    worker's own previous update (π = 0.9 at the second step), the other reading does not
+    (π = 1.9), through the Kernel the master uses."""
+    f = np.float32
+    k = gem.Kernel(np.array([0, 1], np.int64))
+    d, mu = np.array([-0.1], f), f(0.9)
+    theta, m = np.zeros(1, f), mu * np.zeros(1, f) + d
+    slot_s = theta.copy()  # the paper's reading keeps θ before each update here
+    k.gem_step(theta, d, np.abs(m), slot_s, 1e-16, 5.0, keep=slot_s)  # step 1: π = 1
+    m = mu * m + d
+    others, paper = theta.copy(), theta.copy()
+    k.gem_step(others, d, np.abs(m), theta.copy(), 1e-16, 5.0)  # s: pulled after step 1
+    k.gem_step(paper, d, np.abs(m), slot_s, 1e-16, 5.0, keep=slot_s)  # s: before step 1
+    np.testing.assert_allclose(others, [-0.29], rtol=1e-6)
+    np.testing.assert_allclose(paper, [-0.19], rtol=1e-6)
+    assert slot_s[0] == theta[0]  # ready for the third update

@@ -57,15 +57,20 @@ def test_final_theta_is_theta0_plus_the_applied_updates(tmp_path, method):
     np.testing.assert_allclose(u["loss"], ref.losses, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shift", ["others", "paper"])
 @pytest.mark.parametrize("kappa", [1.0, 2.0])
-def test_master_side_gem_equals_the_single_process_replay(tmp_path, kappa):
+def test_master_side_gem_equals_the_single_process_replay(tmp_path, kappa, shift):
     """The worker-side rule (m, κ|m|) and the master-side π, replayed in one process with
-    plain float32 numpy in the master's event order, in the reading the engine implements
-    (the shift |θ − s| counts the other workers' updates)."""
-    run, theta_final = _run(tmp_path, "gem", "--kappa", str(kappa))
+    plain float32 numpy in the master's event order, in either reading of the shift
+    (others: |θ − s| counts the other workers' updates; paper: Algorithm 1's s, θ just
+    before the worker's previous update, which the master keeps in the worker's slot)."""
+    run, theta_final = _run(tmp_path, "gem", "--kappa", str(kappa), "--gem-shift", shift)
     u = _check_log(run)
     ref = replay(u, Quadratic(DIM, 0), "gem", LR, MU, kappa, 5.0, 1e-16, keep_pi=True,
-                 window=len(u["worker"]) + 1)
+                 window=len(u["worker"]) + 1, shift=shift)
+    other = replay(u, Quadratic(DIM, 0), "gem", LR, MU, kappa, 5.0, 1e-16,
+                   shift="paper" if shift == "others" else "others")
+    assert not np.array_equal(theta_final, other.theta)  # the readings differ here
     theta_sim, pis = ref.theta, ref.pis
     # the same float32 operations in the same order: the same bits
     assert np.array_equal(theta_final, theta_sim)

@@ -58,16 +58,22 @@ def gem_step_numpy(
     hist: np.ndarray,
     sums: np.ndarray,
     counts: np.ndarray,
+    keep: np.ndarray | None = None,
 ) -> bool:
-    """Reference GEM step, in place on θ, accumulating statistics like the kernel."""
+    """Reference GEM step, in place on θ, accumulating statistics like the kernel; ``keep``
+    (which may be ``s`` itself) receives θ before the update."""
     if not (np.isfinite(delta).all() and np.isfinite(a).all() and np.isfinite(s).all()):
         return False
     pi = np.abs(theta - s)
     np.subtract(a, pi, out=pi)
     pi /= np.abs(delta) + np.float32(eps)
     np.clip(pi, np.float32(0.0), np.float32(pi_max), out=pi)
-    theta += pi * delta
-    diff = theta - s
+    step = pi * delta
+    diff = theta + step  # θ_new, before θ itself is written
+    np.subtract(diff, s, out=diff)
+    if keep is not None:
+        keep[...] = theta
+    theta += step
     e2 = diff * diff
     a2 = a * a
     bins = pi_bins(pi, pi_max)
@@ -179,18 +185,19 @@ class Kernel:
         return f"numpy reference (C++ extension gem_mpi._core not used: {self.why_not})"
 
     def gem_step(self, theta: np.ndarray, delta: np.ndarray, a: np.ndarray, s: np.ndarray,
-                 eps: float, pi_max: float) -> GemStats | None:
-        """One GEM step; None when the update was rejected (θ untouched)."""
+                 eps: float, pi_max: float, keep: np.ndarray | None = None) -> GemStats | None:
+        """One GEM step; None when the update was rejected (θ untouched). ``keep`` (may be
+        ``s``) receives θ before the update."""
         self._hist.fill(0)
         self._sums.fill(0.0)
         self._counts.fill(0)
         if self.extension is not None:
             ok = self.extension.gem_step(theta, delta, a, s, self.offsets, float(eps),
                                          float(pi_max), self._hist, self._sums, self._counts,
-                                         self.threads)
+                                         self.threads, keep)
         else:
             ok = gem_step_numpy(theta, delta, a, s, self.offsets, eps, pi_max, self._hist,
-                                self._sums, self._counts)
+                                self._sums, self._counts, keep)
         if not ok:
             return None
         clamped = self._counts.sum(axis=1)

@@ -6,10 +6,11 @@ the updates) determines the whole asynchronous run. :func:`replay` recomputes it
 float32 numpy, one operation at a time as the formulas are written, independent of the
 master's kernel and of the workers' code, so that tests can hold a run to it bit for bit.
 
-The GEM replay follows the reading the engine implements: each worker keeps m across the
-whole log, and at its commit the shift |θ − s| is taken against θ just before the master
-applies the update, where s is the θ the worker pulled (after its own previous update had
-been applied, so the shift counts the other workers' updates).
+The GEM replay keeps each worker's m across the whole log and takes the shift |θ − s|
+against θ just before the master applies the update, in either reading of s: ``others``,
+the θ the worker pulled (after its own previous update had been applied, so the shift counts
+the other workers' updates), or ``paper``, θ just before the worker's previous update was
+applied (Algorithm 1 as printed; for a worker's first update, the θ it pulled).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gem_mpi.config import ADAPTIVE, GEM
+from gem_mpi.config import ADAPTIVE, GEM, SHIFT_OTHERS, SHIFT_PAPER
 from gem_mpi.problem.quadratic import Quadratic
 
 f32 = np.float32
@@ -34,13 +35,15 @@ class Replay:
 
 def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
            momentum: float = 0.9, kappa: float = 1.0, pi_max: float = 5.0,
-           eps: float = 1e-16, keep_pi: bool = False, window: int = 1000) -> Replay:
+           eps: float = 1e-16, keep_pi: bool = False, window: int = 1000,
+           shift: str = SHIFT_OTHERS) -> Replay:
     """Replay the applied updates of ``log`` (columns worker, version_pulled, staleness, in
     clock order) on ``q``. Only the last ``window`` versions of θ are kept for the pulls."""
     theta = q.theta0()
     versions = {0: theta}
     targets: dict[int, np.ndarray] = {}
     m: dict[int, np.ndarray] = {}
+    before_own: dict[int, np.ndarray] = {}  # paper: θ just before w's previous update
     out = Replay(theta)
     for clock, (w, pulled, tau) in enumerate(zip(log["worker"].tolist(),
                                                  log["version_pulled"].tolist(),
@@ -53,7 +56,9 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
         delta = f32(-lr) * (q.h * diff)
         if method == GEM:
             m[w] = f32(momentum) * m[w] + delta
-            pi = (f32(kappa) * np.abs(m[w]) - np.abs(theta - s)) / (np.abs(delta) + f32(eps))
+            ref = before_own.get(w, s) if shift == SHIFT_PAPER else s
+            pi = (f32(kappa) * np.abs(m[w]) - np.abs(theta - ref)) / (np.abs(delta) + f32(eps))
+            before_own[w] = theta
             pi = np.clip(pi, f32(0.0), f32(pi_max))
             if keep_pi:
                 out.pis.append(pi)

@@ -7,6 +7,16 @@ sends three numbers per element; the master computes π and applies it:
     worker:  m ← μ·m + Δθ,   a = κ·|m|,   sends (Δθ, a, s)     s: the θ Δθ was computed on
     master:  π = clamp((a − |θ − s|) / (|Δθ| + ε), 0, π_max),   θ ← θ + π·Δθ
 
+Two readings of the shift are offered (``--gem-shift``). ``others`` (the default): s is the θ
+the worker pulled after its own previous update was applied, so |θ − s| counts the other
+workers' updates (the paper's equations 20–22; with one worker it is momentum SGD).
+``paper``: s is θ just before the worker's previous update was applied, as Algorithm 1
+prints it (s ← θ, the θ pulled just before the commit), so |θ − s| also holds the worker's
+own previous scaled update. Master-side GEM implements it by having the kernel write θ
+before each update into the s part of the worker's mailbox slot, in the same pass; the
+worker sends s only with its first update. It costs the master 4 more bytes per element
+(36 instead of 32) and saves the worker 4 bytes per element on the wire.
+
 DOWNPOUR (π = 1) and adaptive staleness (π = 1/(τ + 1)) send Δθ alone. An update holding a
 NaN or an Inf is rejected whole by the master's kernel. This module is the one place that
 knows the rule's formulas for the worker, the payload layout, and the fixed π of the
@@ -22,12 +32,21 @@ from typing import Any
 import numpy as np
 
 from gem_mpi.algorithm.kernel import GemStats, Kernel
-from gem_mpi.config import ADAPTIVE, GEM, OptimConfig
+from gem_mpi.config import ADAPTIVE, GEM, SHIFT_PAPER, OptimConfig
 
 
 def payload_floats(method: str, n_params: int) -> int:
-    """Floats a worker sends per update: (Δθ, κ|m|, s) for GEM, Δθ alone otherwise."""
+    """Floats of an update's mailbox slot: (Δθ, κ|m|, s) for GEM, Δθ alone otherwise."""
     return 3 * n_params if method == GEM else n_params
+
+
+def update_lengths(optim: OptimConfig, n_params: int) -> tuple[int, ...]:
+    """The payload lengths an update may arrive with. With the paper's shift a GEM worker
+    sends s with its first update only; afterwards the master keeps it in the slot."""
+    full = payload_floats(optim.method, n_params)
+    if optim.method == GEM and optim.gem_shift == SHIFT_PAPER:
+        return (2 * n_params, full)
+    return (full,)
 
 
 def fixed_scale(method: str, staleness: int) -> float:
@@ -90,15 +109,23 @@ class WorkerRule:
     def __init__(self, optim: OptimConfig, like: Any) -> None:
         """``like``: an array (numpy, or a torch tensor on the worker's device) of θ's size."""
         self.momentum = Momentum.zeros_like(like, optim) if optim.method == GEM else None
+        self.send_s_once = optim.gem_shift == SHIFT_PAPER
+        self.sent_s = False
 
     def payload(self, delta: np.ndarray, s: np.ndarray, delta_on_device: Any = None,
                 to_host: Callable[[Any], np.ndarray] = np.asarray) -> tuple[np.ndarray, ...]:
         """(Δθ, κ|m|, s) for GEM, after folding Δθ into m; (Δθ,) otherwise. ``delta`` and
-        ``s`` are host arrays; m lives beside ``delta_on_device`` (default: ``delta``)."""
+        ``s`` are host arrays; m lives beside ``delta_on_device`` (default: ``delta``).
+
+        With the paper's shift only the first update carries s (Algorithm 1's initial pull);
+        the master then keeps, in this worker's slot, θ just before each of its updates."""
         if self.momentum is None:
             return (delta,)
-        a = self.momentum.fold(delta if delta_on_device is None else delta_on_device)
-        return (delta, to_host(a), s)
+        a = to_host(self.momentum.fold(delta if delta_on_device is None else delta_on_device))
+        if self.send_s_once and self.sent_s:
+            return (delta, a)
+        self.sent_s = True
+        return (delta, a, s)
 
 
 class MasterRule:
@@ -107,6 +134,7 @@ class MasterRule:
     def __init__(self, optim: OptimConfig, kernel: Kernel, n_params: int) -> None:
         self.method, self.kernel, self.n = optim.method, kernel, n_params
         self.eps, self.pi_max = optim.eps, optim.pi_max
+        self.keep_s = optim.gem_shift == SHIFT_PAPER
         self.floats = payload_floats(self.method, n_params)
 
     def apply(self, theta: np.ndarray, payload: np.ndarray,
@@ -114,8 +142,9 @@ class MasterRule:
         """θ ← θ + π·Δθ in place; (applied, GEM statistics or None). Not applied: θ untouched."""
         n = self.n
         if self.method == GEM:
-            stats = self.kernel.gem_step(theta, payload[:n], payload[n:2 * n],
-                                         payload[2 * n:3 * n], self.eps, self.pi_max)
+            s = payload[2 * n:3 * n]
+            stats = self.kernel.gem_step(theta, payload[:n], payload[n:2 * n], s, self.eps,
+                                         self.pi_max, keep=s if self.keep_s else None)
             return stats is not None, stats
         ok = self.kernel.fixed_step(theta, payload[:n], fixed_scale(self.method, staleness))
         return ok, None

@@ -33,7 +33,8 @@ class Layout:
 
     n_workers: int
     n_params: int
-    payload_floats: int  # floats per update message
+    payload_floats: int  # floats of an update's slot
+    update_lengths: tuple[int, ...] = ()  # lengths an update may arrive with (default: full)
 
 
 class _Endpoint:
@@ -72,7 +73,8 @@ class MasterEndpoint(_Endpoint):
         return self.mailbox.ready()
 
     def take(self, slot: int) -> Message:
-        return self.mailbox.take(slot, (UPDATE,))
+        return self.mailbox.take(slot, {UPDATE: self.layout.update_lengths
+                                        or (self.layout.payload_floats,)})
 
     def release(self, slots: np.ndarray | list[int]) -> None:
         self.mailbox.release(slots)

@@ -201,14 +201,15 @@ class Mailbox:
         self._snap = snap
         return idx
 
-    def take(self, slot: int, kinds_with_payload: tuple[int, ...]) -> Message:
-        """The message in a ready slot; its length must be what its kind carries."""
+    def take(self, slot: int, lengths: dict[int, tuple[int, ...]]) -> Message:
+        """The message in a ready slot; its length must be one its kind may carry
+        (``lengths``: kind -> allowed lengths; other kinds carry nothing)."""
         header = self._headers[slot].view(HEADER)[0].copy()
-        want = self.payload_floats if int(header["kind"]) in kinds_with_payload else 0
-        if int(header["nfloats"]) != want:
+        want = lengths.get(int(header["kind"]), (0,))
+        if int(header["nfloats"]) not in want:
             raise RuntimeError(f"corrupt message in mailbox slot {slot}: kind "
                                f"{int(header['kind'])} with {int(header['nfloats'])} floats, "
-                               f"expected {want}")
+                               f"expected {' or '.join(map(str, want))}")
         return Message(slot, int(self._snap[slot]) - 1, header, self.payloads[slot])
 
     def release(self, slots: np.ndarray | list[int]) -> None:
