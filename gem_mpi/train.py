@@ -100,10 +100,13 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> Outcome:
         from gem_mpi.baseline.sync import run_sync
 
         return run_sync(cfg, comm, problem, placement, stop, resumed)
+    from gem_mpi.outputs.metrics import WORKER_TIME_COLUMNS
     from gem_mpi.transport.endpoints import ABORTED, Layout
 
-    layout = Layout(n_workers, problem.n_params, payload_floats(cfg.method, problem.n_params),
-                    update_lengths(cfg.optim, problem.n_params))
+    done_floats = len(WORKER_TIME_COLUMNS)  # a worker's last message: its time split
+    layout = Layout(n_workers, problem.n_params,
+                    max(payload_floats(cfg.method, problem.n_params), done_floats),
+                    update_lengths(cfg.optim, problem.n_params), done_floats)
     soft_barrier(comm)
     start_seqs = comm.bcast(None if resumed is None else resumed["next_seq"].tolist(),
                             root=MASTER)

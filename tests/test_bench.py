@@ -31,7 +31,7 @@ def test_bench_kernel_reports_ratios_to_numpy_and_triad(tmp_path):
 def test_bench_kernel_refuses_to_time_a_torch_step_that_differs_from_the_reference(
         monkeypatch, capsys):
     pytest.importorskip("torch")
-    from gem_mpi import bench
+    from gem_mpi.bench import kernel as bench
 
     right = bench._torch_gem
 
@@ -78,3 +78,24 @@ def test_bench_transport_compares_get_put_with_memcpy(tmp_path):
     assert res.returncode == 0, res.stderr
     [row] = json.loads(out.read_text())["rows"]
     assert row["floats"] == 10000 and "Get/memcpy" in res.stdout
+
+
+def test_bench_overhead_measures_the_ceiling_and_splits_every_rank_s_time(tmp_path):
+    """Real runs: the ceiling processes, then GEM with 2 workers; each worker's timers and the
+    master's must account for (nearly) all of their wall time, the rest shown as 'other'."""
+    out = tmp_path / "o.json"
+    res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "overhead", "--workers", "2",
+                          "--methods", "gem", "--steps", "40", "--ceiling-steps", "20",
+                          "--json", str(out)], capture_output=True, text=True, timeout=300,
+                         env=mpi_env(), cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    result = json.loads(out.read_text())
+    assert result["ceiling_steps_per_s"] > 0 and len(result["ceiling_each"]) >= 1
+    [row] = result["rows"]
+    assert row["method"] == "gem" and row["workers"] == 2 and row["updates"] == 80
+    assert row["ratio"] > 0
+    w, m = row["worker_split"], row["master_split"]
+    assert w["compute"] > 0 and m["apply"] > 0
+    assert all(v >= 0 for k, v in w.items() if k != "other")
+    assert abs(w["other"]) < 0.25 and abs(m["other"]) < 0.25  # the timers cover the wall
+    assert "ceiling:" in res.stdout and "w:compute" in res.stdout

@@ -43,6 +43,11 @@ def _check_log(run) -> dict:
     assert u["clock"].tolist() == list(range(n))
     assert np.array_equal(u["staleness"], u["clock"] - u["version_pulled"])
     assert run.summary["updates"] == n and run.summary["finished"] == 1.0
+    # each worker's time split arrived with its last message and covers its wall time
+    wt = run.worker_time
+    assert np.all(wt["wall"] > 0) and len(wt["wall"]) == WORKERS
+    parts = sum(wt[k] for k in wt if k != "wall")
+    assert np.all(parts <= wt["wall"] * 1.01)
     return u
 
 

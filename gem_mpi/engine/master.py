@@ -16,6 +16,7 @@ import numpy as np
 from gem_mpi.algorithm.kernel import GemStats, Kernel
 from gem_mpi.algorithm.rule import MasterRule
 from gem_mpi.config import Config
+from gem_mpi.outputs.metrics import WORKER_TIME_COLUMNS
 from gem_mpi.problem import Problem
 from gem_mpi.run.supervisor import Outcome, RunSupervisor, StopFlag, say
 from gem_mpi.transport import MPI, Backoff
@@ -70,6 +71,7 @@ class Master:
         self.done = 0  # workers whose budget is used up
         self.rejected: dict[int, int] = {}  # per worker
         self.timers = dict.fromkeys(("wait", "apply", "metrics", "mpi"), 0.0)
+        self.worker_time = np.full((self.n_workers, len(WORKER_TIME_COLUMNS)), np.nan)
         self.recent_staleness = 0.0
 
     def state(self) -> dict:
@@ -117,7 +119,8 @@ class Master:
         for slot in ready:
             msg = self.ep.take(int(slot))
             self.sup.watchdog.heard(msg.rank, msg.kind == DONE)
-            if msg.kind == DONE:
+            if msg.kind == DONE:  # it carries the worker's time split
+                self.worker_time[msg.rank - 1] = msg.payload[:len(WORKER_TIME_COLUMNS)]
                 self.done += 1
                 continue
             staleness = self.clock - msg.version
@@ -177,7 +180,7 @@ class Master:
                 f"workers done {self.done}/{self.n_workers}")
 
     def _summary(self) -> dict:
-        return {"rejected": sum(self.rejected.values()),
+        return {"rejected": sum(self.rejected.values()), "worker_time": self.worker_time,
                 **{f"master_{k}_s": v for k, v in self.timers.items()}}
 
     def _stopped_by(self) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 from gem_mpi.algorithm.rule import WorkerRule
 from gem_mpi.config import Config, DataConfig, OptimConfig
 from gem_mpi.outputs import checkpoint
+from gem_mpi.outputs.metrics import WORKER_TIME_COLUMNS
 from gem_mpi.problem import Problem, unflatten
 from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
 from gem_mpi.transport import MPI
@@ -33,6 +34,7 @@ class _QuadraticSteps:
         self.steps = data.max_steps or data.epochs * max(1, data.synthetic_size //
                                                          data.batch_size)
         self.device = "cpu (numpy)"
+        self.load_s = 0.0  # Δθ is computed on the pulled θ in place
 
     def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
         return self.q.step(theta, self.target, self.lr)
@@ -65,14 +67,17 @@ class _TorchSteps:
         self.delta = torch.empty(n, dtype=torch.float32, device=self.device)  # Δθ on the device
         self.steps, self.batches = data_stream(cfg.data, rank, n_workers, start_seq)
         self.lr = cfg.optim.lr
+        self.load_s = 0.0  # copying θ into the model's parameters
 
     def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
         torch = self.torch
-        seed_dropout(self.seed, self.rank, seq)  # randomness a function of (seed, worker, step)
+        t = time.perf_counter()
         self._flat.copy_(torch.from_numpy(theta), non_blocking=True)
         with torch.no_grad():
             for p, view in zip(self.params, self._views):
                 p.copy_(view)
+        self.load_s += time.perf_counter() - t
+        seed_dropout(self.seed, self.rank, seq)  # randomness a function of (seed, worker, step)
         x, y = next(self.batches)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         for p in self.params:
@@ -121,31 +126,50 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
         print(f"gem_mpi: worker {rank}: steps {start_seq}..{steps_fn.steps} on "
               f"{steps_fn.device}", file=sys.stderr, flush=True)
     slow_factor = slowness(cfg, comm.Get_size(), rank)
+    split = dict.fromkeys(WORKER_TIME_COLUMNS, 0.0)  # where this worker's time goes
+    clock = time.perf_counter
+    t_start = clock()
     version = ep.pull()
-    t_wait = 0.0
+    split["pull"] += clock() - t_start
     stopped = False
     for seq in range(start_seq, steps_fn.steps):
-        t0 = time.perf_counter()
+        t0 = clock()
         delta, loss = steps_fn(ep.theta, seq)
+        t1 = clock()
         # s: the θ this Δθ was computed on
         parts = rule.payload(delta, ep.theta, steps_fn.delta if on_device else None,
                              steps_fn.host)
-        compute_s = time.perf_counter() - t0
+        t2 = clock()
+        compute_s = t1 - t0  # θ into the model, forward, backward, Δθ on the host
+        split["compute"] += compute_s
+        split["payload"] += t2 - t1
         if slow_factor > 1.0:  # --straggler: this worker takes FACTOR times as long
             time.sleep((slow_factor - 1.0) * compute_s)
             compute_s *= slow_factor
+        t3 = clock()
+        split["straggle"] += t3 - t2
         ep.commit(UPDATE, seq, version, loss, compute_s, parts)
-        tw = time.perf_counter()
+        t4 = clock()
+        split["commit"] += t4 - t3
         if not ep.wait_slot_free():
             stopped = True
             break
-        t_wait += time.perf_counter() - tw
+        t5 = clock()
+        split["wait"] += t5 - t4
         version = ep.pull()
+        split["pull"] += clock() - t5
         if cfg.monitor.verbose and (seq + 1) % 100 == 0:
             print(f"gem_mpi: worker {rank}: step {seq + 1}/{steps_fn.steps} loss {loss:.4f} "
-                  f"waited {t_wait:.1f} s", file=sys.stderr, flush=True)
+                  f"waited {split['wait']:.1f} s", file=sys.stderr, flush=True)
     if not stopped:
-        ep.commit(DONE, steps_fn.steps, version)
+        # the compute split without the copy of θ into the model; waiting without the sleeps
+        split["load"] = steps_fn.load_s
+        split["compute"] -= split["load"]
+        split["backoff"] = ep.backoff_s
+        split["wait"] -= split["backoff"]
+        split["wall"] = clock() - t_start
+        times = np.array([split[k] for k in WORKER_TIME_COLUMNS], np.float32)
+        ep.commit(DONE, steps_fn.steps, version, parts=(times,))
     code = ep.wait_shutdown()
     ep.close()
     if code == STOPPED and momentum is not None and directory:

@@ -166,6 +166,9 @@ class Run(_Described):
     summary: dict[str, float]
     other: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # asynchronous runs: each worker's time split (column -> one value per worker, NaN for a
+    # worker that did not finish); empty for sync runs and older files
+    worker_time: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -227,6 +230,11 @@ def _snapshot(f: h5py.File, path: str) -> Run:
     tensors = _columns(f.get("tensors"))
     names = [_text(x) for x in tensors["name"][()]] if "name" in tensors else []
     sizes = tensors["size"][()] if "size" in tensors else np.ones(len(names), np.int64)
+    worker_time = {}
+    if "summary/worker_time" in f:
+        ds = f["summary/worker_time"]
+        table = ds[()]
+        worker_time = {c: table[:, i] for i, c in enumerate(json.loads(ds.attrs["columns"]))}
     summary = {k: float(ds[()]) for k, ds in _columns(f.get("summary")).items()
                if ds.ndim == 0}
     method = _method(attrs, config)
@@ -238,7 +246,7 @@ def _snapshot(f: h5py.File, path: str) -> Run:
     updates = tables.pop("updates", {})
     evals = tables.pop("eval", {})
     return Run(path, attrs, config, names, np.asarray(sizes), updates, evals, summary,
-               tables, notes)
+               tables, notes, worker_time)
 
 
 # --- following a live run ---------------------------------------------------------------
@@ -539,6 +547,99 @@ def clamped_share(run: Run) -> float:
     frac = frac.reshape(frac.shape[0], -1).astype(np.float64)
     w = _tensor_weights(run.tensor_sizes, frac.shape[1])
     return float(np.nanmean(frac @ (w / w.sum())))
+
+
+# --- views for the reproduction of the paper (gem_mpi/reproduce) ----------------------------
+
+def diverged(run: Run) -> bool:
+    """The run was stopped because it diverged (summary/diverged == 1)."""
+    return run.summary.get("diverged", math.nan) == 1.0
+
+
+def samples_per_update(run: Run) -> int:
+    """Training samples behind one /updates row: b, or n × b for a synchronous step."""
+    b = int(run.config.get("batch_size", 0))
+    return b * run.n_workers if run.method == "sync" else b
+
+
+def by_worker_step(run: Run, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(worker steps, mean of the finite ``values``, one per /updates row, at each step): the
+    paper's "worker steps" axis, one point per step of the workers' own counters."""
+    steps = worker_steps(run).astype(np.int64)
+    values = np.asarray(values, np.float64).reshape(-1)[:steps.size]
+    steps = steps[:values.size]
+    keys, inverse = np.unique(steps, return_inverse=True)
+    ok = np.isfinite(values)
+    total = np.bincount(inverse, weights=np.where(ok, values, 0.0), minlength=keys.size)
+    count = np.bincount(inverse, weights=ok.astype(np.float64), minlength=keys.size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return keys.astype(np.float64), np.where(count > 0, total / count, np.nan)
+
+
+def initial_train_loss(run: Run, fraction: float = 0.02) -> float:
+    """Mean worker mini-batch loss over the first ``fraction`` of updates (at least one)."""
+    loss = run.col("loss")
+    if loss is None or loss.size == 0:
+        return math.nan
+    head = loss[:max(1, round(fraction * loss.size))].astype(np.float64)
+    head = head[np.isfinite(head)]
+    return float(head.mean()) if head.size else math.nan
+
+
+def run_median_pi(run: Run) -> float:
+    """The median over the whole run of the per-update median π (figure 3's level)."""
+    pi = median_pi(run)
+    if pi is None or not np.isfinite(pi).any():
+        return math.nan
+    return float(np.nanmedian(pi))
+
+
+def loss_by_epoch(run: Run, epoch_samples: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(data epochs 1..E, mean worker mini-batch loss within each): training loss per pass
+    over ``epoch_samples`` samples, counted over all workers (figure 5)."""
+    loss = run.col("loss")
+    per = samples_per_update(run)
+    if loss is None or loss.size == 0 or per <= 0:
+        return None
+    epoch = (np.arange(1, loss.size + 1) * per - 1) // epoch_samples + 1
+    keys, inverse = np.unique(epoch, return_inverse=True)
+    finite = np.isfinite(loss)
+    total = np.bincount(inverse, weights=np.where(finite, loss, 0.0))
+    count = np.bincount(inverse, weights=finite.astype(np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return keys.astype(np.float64), np.where(count > 0, total / count, np.nan)
+
+
+def eval_by_epoch(run: Run, epoch_samples: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(data epochs seen when each evaluated θ was taken, test loss, test accuracy)."""
+    clock, loss = run.eval_col("clock"), run.eval_col("test_loss")
+    acc = run.eval_col("test_accuracy")
+    if clock is None or loss is None or clock.size == 0:
+        return None
+    epochs = clock.astype(np.float64) * samples_per_update(run) / epoch_samples
+    acc = acc if acc is not None else np.full(clock.size, np.nan)
+    return epochs, loss.astype(np.float64), acc.astype(np.float64)
+
+
+@dataclass
+class Reached:
+    seconds: float
+    updates: int  # rows applied (sync: steps) when the smoothed loss first got there
+    samples: int
+
+
+def first_reaching(run: Run, target: float, window: int | None = None) -> Reached | None:
+    """When the smoothed worker loss, in the order the updates were applied, first fell to
+    ``target`` or below; None if it never did."""
+    loss, t = run.col("loss"), run.col("time")
+    if loss is None or t is None or loss.size == 0:
+        return None
+    hit = np.flatnonzero(smooth(loss, window) <= target)
+    if not hit.size:
+        return None
+    i = int(hit[0])
+    return Reached(float(t[i]), i + 1, (i + 1) * samples_per_update(run))
 
 
 def thin(n: int, max_points: int = 20000) -> slice:

@@ -58,6 +58,11 @@ REJECTED_COLUMNS = [("time", "f8"), ("worker", "i4"), ("seq", "i8"), ("ticket", 
 SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished", "rejected",
                   "diverged",
                   "master_wait_s", "master_apply_s", "master_metrics_s", "master_mpi_s"]
+# the asynchronous workers' own time split (seconds, one row per worker, sent with their
+# last message; /summary/worker_time, NaN for a worker that did not finish): what each
+# worker's wall time went to, from its first pull to its last message
+WORKER_TIME_COLUMNS = ["wall", "compute", "load", "payload", "commit", "wait", "backoff",
+                       "pull", "straggle"]
 SYNC_SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished",
                        "diverged", "compute_s", "allreduce_s"]
 
@@ -177,6 +182,10 @@ class MetricsWriter:
         summary = f.create_group("summary")
         for name in self.summary_fields:
             summary.create_dataset(name, shape=(), dtype="f8", data=np.nan)
+        if not sync:
+            wt = summary.create_dataset("worker_time", data=np.full(
+                (n_workers, len(WORKER_TIME_COLUMNS)), np.nan))
+            wt.attrs["columns"] = json.dumps(WORKER_TIME_COLUMNS)
         f.swmr_mode = True
         self._last_flush = time.monotonic()
 
@@ -216,6 +225,8 @@ class MetricsWriter:
         self.updates, self.evals, self.rejected = tables
         for name in self.summary_fields:
             f["summary"][name][()] = np.nan
+        if "worker_time" in f["summary"]:
+            f["summary"]["worker_time"][...] = np.nan
         f.attrs["resumes"] = int(f.attrs.get("resumes", 0)) + 1
         f.swmr_mode = True
         self._last_flush = time.monotonic()
@@ -302,6 +313,8 @@ class MetricsWriter:
             with h5py_write_errors():
                 for name in self.summary_fields:
                     self._f["summary"][name][()] = float(summary.get(name, np.nan))
+                if "worker_time" in summary and "worker_time" in self._f["summary"]:
+                    self._f["summary"]["worker_time"][...] = summary["worker_time"]
                 self._f.flush()
                 self._f.close()
         except (OSError, RuntimeError) as exc:
@@ -323,12 +336,3 @@ def _rewrite_after_crash(path: str) -> None:
                 src.copy(src[name], dst, name=name)
 
     atomic_write(path, copy)
-
-
-def rows_on_disk(metrics: MetricsWriter | None) -> tuple[int, int, int]:
-    """Flush every pending row (into the low-space margin if need be) and count the rows of
-    each table: a checkpoint records them, so that a resume cuts the file back to match θ."""
-    if metrics is None:
-        return 0, 0, 0
-    metrics.flush(check_space=False)
-    return metrics.rows()

@@ -38,13 +38,16 @@ class Backoff:
         self.first = first
         self.limit = limit
         self.delay = 0.0
+        self.slept = 0.0  # seconds spent in wait(), for the time splits
 
     def reset(self) -> None:
         self.delay = 0.0
 
     def wait(self) -> None:
         self.delay = self.first if self.delay == 0.0 else min(self.delay * 2.0, self.limit)
+        t = time.perf_counter()
         time.sleep(self.delay)
+        self.slept += time.perf_counter() - t
 
 
 def soft_barrier(comm: MPI.Intracomm, limit: float = 10e-3) -> None:

@@ -35,6 +35,7 @@ class Layout:
     n_params: int
     payload_floats: int  # floats of an update's slot
     update_lengths: tuple[int, ...] = ()  # lengths an update may arrive with (default: full)
+    done_floats: int = 0  # length of a worker's last message (its time split)
 
 
 class _Endpoint:
@@ -74,7 +75,8 @@ class MasterEndpoint(_Endpoint):
 
     def take(self, slot: int) -> Message:
         return self.mailbox.take(slot, {UPDATE: self.layout.update_lengths
-                                        or (self.layout.payload_floats,)})
+                                        or (self.layout.payload_floats,),
+                                        DONE: (self.layout.done_floats,)})
 
     def release(self, slots: np.ndarray | list[int]) -> None:
         self.mailbox.release(slots)
@@ -147,6 +149,11 @@ class WorkerEndpoint(_Endpoint):
             if code:
                 return code
             backoff.wait()
+
+    @property
+    def backoff_s(self) -> float:
+        """Seconds slept waiting for the master to consume our messages."""
+        return self._backoff.slept
 
     def close(self) -> None:
         self._free()

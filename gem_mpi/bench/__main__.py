@@ -1,0 +1,88 @@
+"""The command line of ``python -m gem_mpi.bench``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import gem_mpi.bench as package
+from gem_mpi.algorithm import kernel as gem
+from gem_mpi.bench.compare import COMPARE_METHODS, bench_compare, print_compare
+from gem_mpi.bench.kernel import bench_kernel, print_kernel
+from gem_mpi.bench.master import bench_master, print_master
+from gem_mpi.bench.overhead import bench_overhead, print_overhead
+from gem_mpi.bench.transport import bench_transport, print_transport
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gem_mpi.bench", description=package.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    k = sub.add_parser("kernel", help="fused kernel vs numpy, torch, memcpy and triad, each "
+                       "validated against the numpy reference first")
+    k.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
+    k.add_argument("--no-torch", action="store_true", help="skip the torch eager column")
+    m = sub.add_parser("master", help="master updates/s under mpirun")
+    m.add_argument("--sizes", type=int, nargs="+", default=[163_790, 1_637_900],
+                   help="parameters (default: the paper's net and 10x)")
+    m.add_argument("--updates", type=int, default=2000, help="updates per size")
+    m.add_argument("--poll-max-ms", type=float, default=5.0,
+                   help="workers' longest sleep between polls (as gem_mpi.train's option)")
+    t = sub.add_parser("transport", help="Get/Put between 2 ranks under mpirun")
+    t.add_argument("--sizes", type=int, nargs="+",
+                   default=[10_000, 100_000, 1_000_000, 10_000_000])
+    c = sub.add_parser("compare", help="GEM vs DOWNPOUR vs synchronous Horovod, each a real "
+                       "mpirun job (run it outside mpirun)")
+    c.add_argument("--methods", nargs="+", default=list(COMPARE_METHODS),
+                   help="methods, one run each; ratios against sync when it is there")
+    c.add_argument("--workers", type=int, default=4)
+    c.add_argument("--straggler", default="2:5", help="WORKER:FACTOR, as gem_mpi.train's "
+                   "option ('' for none)")
+    c.add_argument("--model", default="mnist-cnn")
+    c.add_argument("--dataset", default="fashion-mnist")
+    c.add_argument("--max-steps", type=int, default=300, help="steps per worker")
+    c.add_argument("--batch-size", type=int, default=64)
+    c.add_argument("--eval-every", type=int, default=25, help="evaluate every this many "
+                   "steps per worker (every workers × this many updates when asynchronous)")
+    c.add_argument("--target-accuracy", type=float, default=0.75)
+    c.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
+                   help="launcher command line (one node)")
+    o = sub.add_parser("overhead", help="end-to-end updates/s of the asynchronous methods "
+                       "against the compute ceiling (plain SGD, one process per core), with "
+                       "where the time goes (run it outside mpirun)")
+    o.add_argument("--workers", type=int, nargs="+", default=[4, 8])
+    o.add_argument("--methods", nargs="+", default=["gem", "downpour", "adaptive"])
+    o.add_argument("--steps", type=int, default=600, help="steps per worker")
+    o.add_argument("--ceiling-steps", type=int, default=300, help="steps per ceiling process")
+    o.add_argument("--model", default="mnist-cnn")
+    o.add_argument("--dataset", default="fashion-mnist")
+    o.add_argument("--batch-size", type=int, default=64)
+    o.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
+                   help="launcher command line (one node)")
+    for p in (k, m, t, c, o):
+        p.add_argument("--json", help="write the results to this file too")
+    args = parser.parse_args(argv)
+    threads = gem.kernel_threads()
+    if args.what == "compare":
+        result, show = bench_compare(args), print_compare
+    elif args.what == "overhead":
+        result, show = bench_overhead(args), print_overhead
+    elif args.what == "kernel":
+        result, show = bench_kernel(args.sizes, threads, not args.no_torch), print_kernel
+    elif args.what == "master":
+        result, show = bench_master(args.sizes, args.updates, threads, args.poll_max_ms), print_master
+    else:
+        result, show = bench_transport(args.sizes), print_transport
+    if result is None:  # not rank 0
+        return 0
+    show(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
