@@ -87,7 +87,7 @@ def test_bench_overhead_measures_the_ceiling_and_splits_every_rank_s_time(tmp_pa
     res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "overhead", "--workers", "2",
                           "--methods", "gem", "--steps", "40", "--ceiling-steps", "20",
                           "--json", str(out)], capture_output=True, text=True, timeout=300,
-                         env=mpi_env(), cwd=REPO)
+                         env=mpi_env(), cwd=REPO, check=False)
     assert res.returncode == 0, res.stderr
     result = json.loads(out.read_text())
     assert result["ceiling_steps_per_s"] > 0 and len(result["ceiling_each"]) >= 1

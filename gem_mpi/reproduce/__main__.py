@@ -1,0 +1,81 @@
+"""``python -m gem_mpi.reproduce``: run the paper's experiments, then report on them.
+
+    python -m gem_mpi.reproduce --plan            # every run, its command, an estimate
+    python -m gem_mpi.reproduce all               # run E1–E8 one job at a time (resumable)
+    python -m gem_mpi.reproduce E1 E3             # only these (E3 shows E1's runs)
+    python -m gem_mpi.reproduce --report          # docs/results/ from results/*.h5
+    python -m gem_mpi.reproduce --quick all --report --out /tmp/r   # the harness's own test
+
+Run it again after an interruption (Ctrl-C, SIGTERM, a reboot) and it skips finished runs
+and resumes the interrupted one from its checkpoint. Exit status: 0 when every run named is
+done, 1 when some failed (their .log files say why), 3 when stopped by a signal, 2 on a
+usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gem_mpi.reproduce import claims, report, runner
+from gem_mpi.reproduce import experiments as ex
+from gem_mpi.reproduce.results import Results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gem_mpi.reproduce", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
+                   help="E1 … E8, or all (none with --plan: all)")
+    p.add_argument("--plan", action="store_true", help="print every run with its command "
+                   "and an estimated wall time, and run nothing")
+    p.add_argument("--report", action="store_true", help="write the pages from the results "
+                   "(after running the experiments named, if any)")
+    p.add_argument("--quick", action="store_true", help="tiny budgets (a few dozen steps per "
+                   "worker, fewer workers and seeds), to test the harness end to end")
+    p.add_argument("--results", type=Path, help="where runs write (default results/, "
+                   "results/quick/ with --quick)")
+    p.add_argument("--out", type=Path, help="where --report writes (default docs/results/, "
+                   "<results>/report/ with --quick)")
+    p.add_argument("--lock", type=Path, help="hold an exclusive flock on this file while each "
+                   "job runs (e.g. /tmp/heavy.lock), so that other heavy work waits its turn")
+    p.add_argument("--heartbeat", type=float, default=60.0, help="seconds between progress "
+                   "lines while a job runs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    budget = ex.quick_budget() if args.quick else ex.full_budget()
+    results = args.results or Path("results/quick" if args.quick else "results")
+    out = args.out or (results / "report" if args.quick else runner.REPO / "docs" / "results")
+    exps = ex.experiments(budget, str(results))
+    names = [e.upper() for e in args.experiments]
+    if names == ["ALL"] or (args.plan and not names):
+        names = list(exps)
+    unknown = [e for e in names if e not in exps]
+    if unknown:
+        parser.error(f"unknown experiment(s) {', '.join(unknown)}: choose from "
+                     f"{', '.join(exps)} or all")
+    if not names and not args.report:
+        parser.error("name the experiments to run (E1 … E8 or all), or pass --plan or "
+                     "--report")
+    runs = ex.select(exps, names)
+    if args.plan:
+        print(runner.plan_text(runs, results, budget.log_every))
+        return 0
+    rc = 0
+    if runs:
+        rc = runner.Harness(results, budget, args.lock, heartbeat_s=args.heartbeat).run(runs)
+    if args.report and rc != runner.EXIT_STOPPED:
+        res = Results(results, exps)
+        pages = report.write_pages(res, budget, out)
+        readme = claims.write_readme(res, budget, out)
+        print(f"reproduce: wrote {readme} and {len(pages)} pages in {out}", flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

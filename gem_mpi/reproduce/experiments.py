@@ -1,0 +1,269 @@
+"""The paper's experiments E1–E8 as lists of training runs, at the full or the quick budget.
+
+One place says what each experiment runs (method, workers, seeds, options), so that the
+runner, ``--plan`` and the report agree on run names and on what a missing run means. A run
+is one ``mpirun … python -m gem_mpi.train`` job; its name is its file stem under the results
+directory. E3 and E5 run nothing of their own: they are other views of E1's and E2's runs.
+
+Defaults are the paper's MNIST setting (η 0.05, μ 0.9, b 64, κ 1, one epoch of the training
+set per worker, 3 seeds) on Fashion-MNIST; docs/results/README.md lists every deviation.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from gem_mpi.reproduce.imagefolder import FolderSpec
+
+TRAIN_SAMPLES = 60_000  # Fashion-MNIST's training set, as MNIST's
+EPOCH_STEPS_64 = TRAIN_SAMPLES // 64  # 937 steps of b 64 (the last partial batch is dropped)
+# GB per AlexNet rank, measured on this machine (3 ranks, b 128: 8.9 GB PSS in all): a worker
+# holds θ, Δθ, m, the payload and the activations; the master θ and one 12-byte-per-parameter
+# mailbox slot per worker (0.73 GB each)
+ALEXNET_WORKER_GB, ALEXNET_SLOT_GB, ALEXNET_MASTER_GB = 3.0, 0.75, 0.6
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training job: what the figures need to group it, and its options."""
+
+    name: str  # file stem under the results directory
+    experiment: str
+    variant: str  # what a figure's legend says: gem-others, downpour, msgd, ...
+    n: int  # the number of workers the figure puts it at (msgd: whose data it matches)
+    seed: int
+    method: str
+    ranks: int
+    batch: int
+    steps: int  # steps per worker (the budget), for the estimate
+    options: tuple[str, ...]  # python -m gem_mpi.train options, besides the harness's own
+    model: str = "mnist-cnn"
+    kappa: float = 1.0
+    lr: float = 0.05
+    cpu_env: bool = False  # so many ranks that only the CPU-only torch fits in memory
+    memwatch: bool = False  # measure the job's memory (tools/memwatch.py)
+
+    @property
+    def workers(self) -> int:
+        return self.ranks if self.method == "sync" else self.ranks - 1
+
+    @property
+    def samples(self) -> int:
+        """Training samples of the whole job."""
+        return self.workers * self.steps * self.batch
+
+
+@dataclass(frozen=True)
+class Experiment:
+    id: str
+    title: str
+    claim: str  # what the paper shows
+    figure: str  # where
+    runs: tuple[Run, ...] = ()
+    reads: tuple[str, ...] = ()  # experiments whose runs it shows (E3: E1's)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much of each experiment runs: the paper's grid, or a tiny one for the tests."""
+
+    name: str
+    seeds: tuple[int, ...]
+    max_steps: int  # per worker; 0: the epochs decide (the paper: one epoch per worker)
+    e1_ns: tuple[int, ...]
+    e2_n: int
+    e4_ns: tuple[int, ...]
+    e4_batch: int  # the effective batch B split as b = B/n
+    e4_epochs: int  # data epochs in all (each worker a disjoint 1/n shard)
+    e6_ns: tuple[int, ...]
+    e7_n: int
+    e7_kappas: tuple[float, ...]
+    e8_n: int
+    e8_batch: int  # per worker
+    e8_epochs: int
+    e8_folder: FolderSpec = field(default_factory=FolderSpec)
+    evals: int = 10  # evaluations per run (E2/E5: two per data epoch instead)
+    log_every: float = 60.0
+
+
+def alexnet_memory_gb(n: int) -> float:
+    """Estimated peak memory of an AlexNet GEM job with n workers."""
+    return ALEXNET_MASTER_GB + n * (ALEXNET_WORKER_GB + ALEXNET_SLOT_GB)
+
+
+def machine_memory_gb() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        return 0.0
+
+
+def e8_workers(wanted: int = 8) -> int:
+    """The paper's 8 workers if they fit in 80 % of this machine's memory, else fewer."""
+    n = wanted
+    while n > 2 and alexnet_memory_gb(n) > 0.8 * machine_memory_gb():
+        n //= 2
+    return n
+
+
+def full_budget() -> Budget:
+    return Budget(name="full", seeds=(0, 1, 2), max_steps=0, e1_ns=(5, 10, 20, 30), e2_n=100,
+                  e4_ns=(1, 2, 4, 8, 16), e4_batch=256, e4_epochs=3, e6_ns=(5, 10, 20),
+                  e7_n=20, e7_kappas=(1.0, 2.0, 3.0, 4.0), e8_n=e8_workers(), e8_batch=128,
+                  e8_epochs=2)
+
+
+def quick_budget() -> Budget:
+    return Budget(name="quick", seeds=(0,), max_steps=20, e1_ns=(2, 3), e2_n=4, e4_ns=(1, 2),
+                  e4_batch=64, e4_epochs=1, e6_ns=(2,), e7_n=2, e7_kappas=(1.0, 4.0), e8_n=2,
+                  e8_batch=8, e8_epochs=1, evals=2, log_every=30.0,
+                  e8_folder=FolderSpec(classes=4, train_per_class=6, val_per_class=4,
+                                       size=64))
+
+
+# --- building runs ------------------------------------------------------------------------
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def _run(exp: str, variant: str, n: int, seed: int, method: str, b: Budget, *,
+         batch: int = 64, epochs: int = 1, steps_per_epoch: int = EPOCH_STEPS_64,
+         lr: float = 0.05, kappa: float = 1.0, ranks: int | None = None,
+         evals_per_epoch: int = 0, extra: tuple[str, ...] = (), model: str = "mnist-cnn",
+         data: tuple[str, ...] = ("--dataset", "fashion-mnist"), cpu_env: bool = False,
+         memwatch: bool = False) -> Run:
+    """A run of ``n`` workers (or ``ranks`` sync ranks) at budget ``b``; the options say
+    everything that differs from gem_mpi.train's defaults or matters to the experiment."""
+    if ranks is None:
+        ranks = n if method == "sync" else n + 1
+    workers = ranks if method == "sync" else ranks - 1
+    steps = steps_per_epoch * epochs
+    if b.max_steps:
+        steps = min(steps, b.max_steps * (n if method == "sync" and ranks == 1 else 1))
+    # evaluations: every so many master updates (async) or steps (sync)
+    units = steps * (workers if method != "sync" else 1)
+    eval_every = max(1, units // b.evals)
+    if evals_per_epoch:  # several per data epoch, in units of batch × (sync ranks) samples
+        per_unit = batch * (ranks if method == "sync" else 1)
+        eval_every = max(1, min(TRAIN_SAMPLES // per_unit // evals_per_epoch, eval_every))
+    options = ("--method", method, "--model", model, *data, "--lr", _fmt(lr), "--momentum", "0.9",
+               "--kappa", _fmt(kappa), "--batch-size", str(batch), "--epochs", str(epochs),
+               *(("--max-steps", str(steps)) if b.max_steps else ()),
+               "--seed", str(seed), "--eval-every", str(eval_every), *extra)
+    k = f"-k{_fmt(kappa)}" if exp == "E7" else ""
+    name = f"{exp.lower()}-{variant}{k}-n{n:03d}-s{seed}"
+    return Run(name=name, experiment=exp, variant=variant, n=n, seed=seed, method=method,
+               ranks=ranks, batch=batch, steps=steps, options=options, model=model,
+               kappa=kappa, lr=lr, cpu_env=cpu_env, memwatch=memwatch)
+
+
+E1_VARIANTS = (("gem-others", "gem", ("--gem-shift", "others")),
+               ("gem-paper", "gem", ("--gem-shift", "paper")),
+               ("downpour", "downpour", ()), ("adaptive", "adaptive", ()))
+
+
+def _e1(b: Budget) -> tuple[Run, ...]:
+    return tuple(_run("E1", variant, n, s, method, b, extra=extra)
+                 for n in b.e1_ns for variant, method, extra in E1_VARIANTS for s in b.seeds)
+
+
+def _e2(b: Budget) -> tuple[Run, ...]:
+    """GEM with n = 100 and momentum SGD (the proxy, one rank, b 64) over as many data
+    epochs as the 100 workers see together; two evaluations per data epoch (E5 reads them)."""
+    n, big = b.e2_n, b.e2_n + 1 > 40
+    extra = ("--poll-max-ms", "20") if big else ()
+    return (_run("E2", "gem", n, 0, "gem", b, evals_per_epoch=2, extra=extra, cpu_env=big,
+                 memwatch=True),
+            _run("E2", "msgd", n, 0, "sync", b, ranks=1, epochs=n, evals_per_epoch=2))
+
+
+def _e4(b: Budget) -> tuple[Run, ...]:
+    """B split as b = B/n over n workers, each on its own 1/n shard: every n sees the same
+    samples in all and makes the same number of steps per worker."""
+    runs = []
+    for n in b.e4_ns:
+        batch = b.e4_batch // n
+        steps_per_epoch = TRAIN_SAMPLES // n // batch
+        runs += [_run("E4", "gem", n, s, "gem", b, batch=batch, epochs=b.e4_epochs,
+                      steps_per_epoch=steps_per_epoch, extra=("--shard",))
+                 for s in b.seeds]
+    return tuple(runs)
+
+
+def _e6(b: Budget) -> tuple[Run, ...]:
+    lr = 0.1
+    runs = [_run("E6", v, n, s, v, b, lr=lr)
+            for n in b.e6_ns for v in ("gem", "downpour", "sync") for s in b.seeds]
+    # the paper's figure 6 also draws momentum SGD itself: one worker, one epoch
+    runs += [_run("E6", "msgd", 1, s, "sync", b, lr=lr, ranks=1) for s in b.seeds]
+    return tuple(runs)
+
+
+def _e7(b: Budget) -> tuple[Run, ...]:
+    return tuple(_run("E7", "gem", b.e7_n, s, "gem", b, kappa=k)
+                 for k in b.e7_kappas for s in b.seeds)
+
+
+def _e8(b: Budget, data_dir: str) -> tuple[Run, ...]:
+    spec = b.e8_folder
+    steps_per_epoch = spec.train_images // b.e8_batch
+    return tuple(_run("E8", "gem", b.e8_n, s, "gem", b, batch=b.e8_batch, model="alexnet",
+                      epochs=b.e8_epochs, steps_per_epoch=steps_per_epoch, memwatch=True,
+                      data=("--dataset", "imagenet", "--data-dir", data_dir))
+                 for s in b.seeds[:1])
+
+
+def imagefolder_dir(results: str) -> str:
+    return os.path.join(results, "imagenet_synth")
+
+
+def experiments(b: Budget, results: str) -> dict[str, Experiment]:
+    """Every experiment at budget ``b``, its runs writing under ``results``."""
+    e1, e2 = _e1(b), _e2(b)
+    n1 = f"n = {', '.join(map(str, b.e1_ns))}"
+    return {e.id: e for e in (
+        Experiment("E1", "Stability as workers are added",
+                   f"GEM stays stable and its loss profile barely changes with n ({n1}); "
+                   "DOWNPOUR degrades or diverges; adaptive staleness is slower",
+                   "figure 1", e1),
+        Experiment("E2", f"GEM with {b.e2_n} workers",
+                   f"GEM shows no sign of instability with {b.e2_n} asynchronous workers",
+                   "figure 2", e2),
+        Experiment("E3", "Median π against n",
+                   "the median per-parameter π falls as workers are added, and changes with "
+                   "time", "figure 3", reads=("E1",)),
+        Experiment("E4", "Wall-clock speedup at a fixed effective batch",
+                   f"splitting B = {b.e4_batch} as b = B/n over n workers speeds training up "
+                   "in wall-clock time without loss in accuracy", "figure 4", _e4(b)),
+        Experiment("E5", "Generalisation: GEM against momentum SGD",
+                   "momentum SGD starts to overfit (its validation loss rises) while GEM "
+                   "does not", "figure 5", reads=("E2",)),
+        Experiment("E6", "A misspecified learning rate (η = 0.1)",
+                   "DOWNPOUR cannot cope with η = 0.1 while GEM and momentum SGD converge",
+                   "figure 6", _e6(b)),
+        Experiment("E7", f"The proxy amplification κ (n = {b.e7_n})",
+                   "the training loss improves as κ grows, up to a limit: κ = 4 is "
+                   "suboptimal or diverges", "figure 8", _e7(b)),
+        Experiment("E8", "AlexNet on (generated) ImageNet-like images",
+                   "GEM trains AlexNet; the per-tensor median π changes over updates",
+                   "figures 7, 9, 10", _e8(b, imagefolder_dir(results))),
+    )}
+
+
+def select(exps: dict[str, Experiment], ids: list[str]) -> list[Run]:
+    """The runs the named experiments need (E3 needs E1's), each once, in the given order."""
+    out: dict[str, Run] = {}
+    for i in ids:
+        e = exps[i]
+        for j in (*e.reads, e.id):
+            for r in exps[j].runs:
+                out.setdefault(r.name, r)
+    return list(out.values())
+
+
+def runs_shown(exps: dict[str, Experiment], exp_id: str) -> list[Run]:
+    """The runs an experiment's page shows."""
+    e = exps[exp_id]
+    return [r for j in (*e.reads, e.id) for r in exps[j].runs]

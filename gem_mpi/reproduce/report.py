@@ -1,0 +1,446 @@
+"""``--report``: one Markdown page per experiment, with figures like the paper's as PNG.
+
+Each page says what the paper shows, what ran, the figure, a table of the numbers, and the
+provenance: the exact commands (from each run's record), wall times, machine, commit, and
+the sha256 and size of each HDF5 file (the files themselves are not published). Missing runs
+are listed as "not run yet". docs/results/README.md (the claims table) is claims.py's.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from gem_mpi.outputs import analysis
+from gem_mpi.reproduce import experiments as ex
+from gem_mpi.reproduce import runner
+from gem_mpi.reproduce.results import (
+    Results,
+    Stat,
+    diverged_count,
+    file_digest,
+    group,
+    loss_curve,
+    mean_curve,
+    pi_curve,
+    stat,
+)
+
+Body = Callable[[Results, ex.Experiment, Path], list[str]]
+
+
+def _num(x: float, fmt: str = ".3f") -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) and math.isfinite(x) else "–"
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return out + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _figure(out: Path, name: str, fig, caption: str) -> list[str]:
+    analysis.save_figure(fig, out / name)
+    return [f"![{caption}]({name})", "", f"*{caption}*", ""]
+
+
+def _div(res: Results, runs: list[ex.Run]) -> str:
+    k, m = diverged_count(res, runs)
+    return f"{k}/{m}" if m else "–"
+
+
+def _summary_rows(res: Results, groups: dict, label: Callable, pi: bool = True
+                  ) -> list[list[str]]:
+    """One row per group: runs done, diverged, final training loss, test accuracy, π, wall."""
+    rows = []
+    for key, runs in groups.items():
+        done = res.done(runs)
+        row = [*label(key), f"{len(done)}/{len(runs)}", _div(res, runs),
+               stat(res, runs, "final_loss").text(), stat(res, runs, "test_accuracy").text(
+                   ".2f", 100, " %")]
+        if pi:
+            row.append(stat(res, runs, "median_pi", finished_only=False).text(".3f"))
+        row.append(stat(res, runs, "wall_s", finished_only=False).text(".0f"))
+        rows.append(row)
+    return rows
+
+
+def _curves(ax, res: Results, groups: dict, label: Callable, curve=loss_curve,
+            log: bool = True, ylabel: str = "training loss") -> None:
+    for key, runs in groups.items():
+        done = res.done(runs)
+        if not done:
+            continue
+        x, y = mean_curve([curve(res.data(r)) for r in done])
+        k, m = diverged_count(res, runs)
+        ax.plot(x, y, lw=1, label=label(key) + (f" ({k}/{m} diverged)" if k else ""))
+    ax.set_xlabel("worker steps")
+    ax.set_ylabel(ylabel)
+    if log and ax.lines:
+        ax.set_yscale("log")
+    if ax.lines:
+        ax.legend()
+
+
+# --- the experiments ------------------------------------------------------------------------
+
+def _e1(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
+    plt = analysis.pyplot()
+    runs = list(exp.runs)
+    variants = [v for v, _, _ in ex.E1_VARIANTS]
+    ns = sorted({r.n for r in runs})
+    fig, axes = plt.subplots(2, 3, figsize=(12, 7))
+    for ax, v in zip(axes.flat[:4], variants):
+        _curves(ax, res, group([r for r in runs if r.variant == v], lambda r: r.n),
+                lambda n: f"{n} workers")
+        ax.set_title(v)
+    for ax, field, name in ((axes.flat[4], "final_loss", "final training loss"),
+                            (axes.flat[5], "test_accuracy", "final test accuracy")):
+        for v in variants:
+            st = [stat(res, [r for r in runs if r.variant == v and r.n == n], field)
+                  for n in ns]
+            ax.errorbar(ns, [s.mean for s in st], yerr=[0 if math.isnan(s.sd) else s.sd
+                                                        for s in st], marker="o", label=v)
+        ax.set(xlabel="asynchronous workers", ylabel=name, title=f"{name} (diverged runs "
+               "left out)")
+        ax.legend()
+    axes.flat[4].set_yscale("log")
+    lines = _figure(out, "E1.png", fig, "Training loss per worker step (mean over seeds, "
+                    "smoothed) for each method and n, and the final numbers against n: the "
+                    "paper's figure 1 (a–d)")
+    groups = group(runs, lambda r: (r.variant, r.n))
+    return lines + md_table(
+        ["method", "n", "runs done", "diverged", "final training loss", "test accuracy",
+         "median π", "master wall s"],
+        _summary_rows(res, groups, lambda k: [k[0], str(k[1])]))
+
+
+def _e2(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
+    plt = analysis.pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    rows = []
+    for run in exp.runs:
+        d = res.data(run)
+        label = (f"GEM, {run.n} workers" if run.method == "gem" else
+                 f"momentum SGD (1 rank, {run.n} epochs)")
+        if d is None:
+            rows.append([label, "not run yet"] + ["–"] * 7)
+            continue
+        t, loss = d.col("time"), d.col("loss")
+        sl = analysis.thin(t.size)
+        a.plot(t[sl], analysis.smooth(loss)[sl], lw=1, label=label)
+        et, acc = d.eval_col("time"), d.eval_col("test_accuracy")
+        if et is not None and et.size:
+            b.plot(et, 100 * acc, marker=".", lw=1, label=label)
+        n = res.numbers(run)
+        tau = analysis.staleness(d)
+        mem = (res.record(run) or {}).get("memory") or {}
+        rows.append([label, "diverged" if n.diverged else "finished", str(n.updates),
+                     _num(n.wall_s, ".0f"), _num(analysis.updates_per_second(d), ".1f"),
+                     _num(n.final_loss), _num(100 * n.test_accuracy, ".2f") + " %",
+                     "–" if tau is None else f"{tau.mean:.1f} (n − 1 = {tau.theory})",
+                     f"{mem['peak_tree_pss_mb'] / 1024:.1f} GB" if mem else "–"])
+    a.set(xlabel="seconds", ylabel="training loss (smoothed)", yscale="log",
+          title="training loss against wall-clock time")
+    b.set(xlabel="seconds", ylabel="test accuracy (%)", title="test accuracy")
+    for ax in (a, b):
+        if ax.lines:
+            ax.legend()
+    lines = _figure(out, "E2.png", fig, "GEM with many workers against momentum SGD over "
+                    "the same number of samples: the paper's figure 2 (its momentum SGD "
+                    "is figure 5's)")
+    return lines + md_table(["run", "status", "updates (steps)", "master wall s", "updates/s",
+                           "final training loss", "test accuracy", "mean staleness",
+                           "peak memory (job)"], rows)
+
+
+def _e3(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
+    plt = analysis.pyplot()
+    runs = [r for r in res.exps["E1"].runs if r.method == "gem"]
+    readings = sorted({r.variant for r in runs})
+    ns = sorted({r.n for r in runs})
+    fig, axes = plt.subplots(1, len(readings) + 1, figsize=(4.2 * (len(readings) + 1), 3.6))
+    for ax, v in zip(axes, readings):
+        _curves(ax, res, group([r for r in runs if r.variant == v], lambda r: r.n),
+                lambda n: f"{n} workers", curve=pi_curve, log=False, ylabel="median π")
+        ax.set_title(v)
+    ax = axes[-1]
+    rows = []
+    for v in readings:
+        st = [stat(res, [r for r in runs if r.variant == v and r.n == n], "median_pi",
+                   finished_only=False) for n in ns]
+        ax.errorbar(ns, [s.mean for s in st], yerr=[0 if math.isnan(s.sd) else s.sd
+                                                    for s in st], marker="o", label=v)
+        rows += [[v, str(n), s.text()] for n, s in zip(ns, st)]
+    ax.set(xlabel="asynchronous workers", ylabel="median π over the run",
+           title="median π against n")
+    ax.legend()
+    lines = _figure(out, "E3.png", fig, "Median per-parameter π per worker step (mean over "
+                    "seeds, smoothed) for each n, and its level over the whole run: the "
+                    "paper's figure 3")
+    return lines + md_table(["GEM reading", "n", "median π over all updates"], rows)
+
+
+def e4_target(res: Results, runs: list[ex.Run]) -> float:
+    """The training loss every n reaches: the highest of the per-n mean final losses."""
+    means = [stat(res, rs, "final_loss").mean for rs in group(runs, lambda r: r.n).values()]
+    means = [m for m in means if math.isfinite(m)]
+    return max(means) if means else math.nan
+
+
+def e4_speedups(res: Results, runs: list[ex.Run]) -> dict[int, dict[str, Stat]]:
+    """Per n: wall-clock seconds, updates and samples per worker to the target loss."""
+    target = e4_target(res, runs)
+    out = {}
+    for n, rs in group(runs, lambda r: r.n).items():
+        hits = [analysis.first_reaching(res.data(r), target) for r in res.done(rs)]
+        hits = [h for h in hits if h is not None]
+        out[n] = {"seconds": Stat(tuple(h.seconds for h in hits)),
+                  "updates": Stat(tuple(float(h.updates) for h in hits)),
+                  "worker_samples": Stat(tuple(h.samples / n for h in hits))}
+    return out
+
+
+def _e4(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
+    plt = analysis.pyplot()
+    runs = list(exp.runs)
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.8))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    groups = group(runs, lambda r: r.n)
+    for i, (n, rs) in enumerate(groups.items()):
+        for j, r in enumerate(res.done(rs)):
+            d = res.data(r)
+            t, loss = d.col("time"), analysis.smooth(d.col("loss"))
+            samples = np.arange(1, loss.size + 1) * analysis.samples_per_update(d)
+            kw = {"color": colours[i % len(colours)], "lw": 1,
+                  "label": f"{n} workers, b = {r.batch}" if j == 0 else None}
+            a.plot(t, loss, **kw)
+            b.plot(samples, loss, **kw)
+    a.set(xlabel="seconds", ylabel="training loss (smoothed)", yscale="log",
+          title="against wall-clock time")
+    b.set(xlabel="training samples", ylabel="training loss (smoothed)", yscale="log",
+          title="against samples")
+    target = e4_target(res, runs)
+    sp = e4_speedups(res, runs)
+    rows = []
+    done_ns = sorted({r.n for r in res.done(runs)})
+    base = sp.get(done_ns[0]) if done_ns else None
+    xs, wall_sp, core_sp = [], [], []
+    for n, rs in groups.items():
+        s = sp[n]
+        w = base["seconds"].mean / s["seconds"].mean if base else math.nan
+        k = base["worker_samples"].mean / s["worker_samples"].mean if base else math.nan
+        xs.append(n)
+        wall_sp.append(w)
+        core_sp.append(k)
+        rows.append([str(n), str(rs[0].batch), f"{len(res.done(rs))}/{len(rs)}",
+                     stat(res, rs, "wall_s").text(".1f"), s["seconds"].text(".1f"),
+                     _num(w, ".2f"), s["updates"].text(".0f"), _num(k, ".2f"),
+                     stat(res, rs, "test_accuracy").text(".2f", 100, " %")])
+    c.plot(xs, wall_sp, marker="o", label="wall-clock, this machine")
+    c.plot(xs, core_sp, marker="s", label="one core per worker (samples per worker)")
+    c.plot(xs, xs, ls=":", color="grey", label="ideal (n)")
+    c.set(xlabel="workers n", ylabel="speedup to the target loss", xscale="log",
+          yscale="log", title=f"speedup to training loss {_num(target)}")
+    for ax in (a, b, c):
+        if ax.lines:
+            ax.legend()
+    lines = _figure(out, "E4.png", fig, "Effective batch B split as b = B/n over n workers: "
+                    "loss against seconds and samples, and the speedup: the paper's figure 4")
+    lines += [(f"Target: training loss {_num(target)}, the highest of the per-n mean final "
+              f"losses, so that every n reaches it. {runner.cores()} cores here: the n "
+              "workers share them, so the wall-clock speedup cannot exceed about "
+              f"{runner.cores()}; the last speedup column divides the samples each worker "
+              "needed to reach the target, which is the wall-clock speedup if every worker "
+              "had a core of its own and time grew with the samples computed."), ""]
+    return lines + md_table(["n", "b", "runs done", "master wall s", "seconds to target",
+                           "wall-clock speedup", "updates to target",
+                           "speedup, a core per worker", "test accuracy"], rows)
+
+
+def e5_rise(res: Results, run: ex.Run) -> tuple[float, float, float] | None:
+    """(lowest validation loss, data epoch where, rise from it to the last evaluation)."""
+    d = res.data(run)
+    ev = analysis.eval_by_epoch(d, ex.TRAIN_SAMPLES) if d is not None else None
+    if ev is None or not np.isfinite(ev[1]).any():
+        return None
+    i = int(np.nanargmin(ev[1]))
+    return float(ev[1][i]), float(ev[0][i]), float(ev[1][-1] - ev[1][i])
+
+
+def _e5(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
+    plt = analysis.pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rows = []
+    for run in res.exps["E2"].runs:
+        label = "GEM" if run.method == "gem" else "momentum SGD"
+        d = res.data(run)
+        if d is None:
+            rows.append([label, "not run yet", "–", "–", "–", "–"])
+            continue
+        tr = analysis.loss_by_epoch(d, ex.TRAIN_SAMPLES)
+        ev = analysis.eval_by_epoch(d, ex.TRAIN_SAMPLES)
+        if tr is not None:
+            ax.plot(tr[0], tr[1], marker=".", lw=1, label=f"{label} training")
+        if ev is not None:
+            ax.plot(ev[0], ev[1], lw=1, label=f"{label} validation (test split)")
+        rise = e5_rise(res, run)
+        n = res.numbers(run)
+        rows.append([label, f"{run.n} data epochs", "–" if rise is None else
+                     f"{rise[0]:.4f} at epoch {rise[1]:.1f}", _num(ev[1][-1], ".4f")
+                     if ev is not None else "–", "–" if rise is None else f"{rise[2]:+.4f}",
+                     _num(100 * n.test_accuracy, ".2f") + " %"])
+    ax.set(xlabel="data epochs", ylabel="loss", title="training and validation loss")
+    if ax.lines:
+        ax.legend()
+    lines = _figure(out, "E5.png", fig, "Training loss (mean worker mini-batch loss per data "
+                    "epoch) and validation loss (test split) for GEM and momentum SGD: the "
+                    "paper's figure 5")
+    return lines + md_table(["method", "data", "lowest validation loss", "last validation loss",
+                           "rise from the lowest", "final test accuracy"], rows)
+
+
+def _e6(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
+    plt = analysis.pyplot()
+    runs = list(exp.runs)
+    msgd = [r for r in runs if r.variant == "msgd"]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, v in zip(axes, ("gem", "downpour", "sync")):
+        groups = group([r for r in runs if r.variant == v], lambda r: r.n)
+        if v != "downpour":
+            groups = {"msgd": msgd, **groups}
+        _curves(ax, res, groups, lambda n: "momentum SGD (1 rank)" if n == "msgd"
+                else f"{n} workers")
+        ax.set_title(f"{v}, η = 0.1")
+    lines = _figure(out, "E6.png", fig, "Training loss per worker step with η = 0.1: the "
+                    "paper's figure 6 (sync: synchronous SGD on n ranks, the same data as "
+                    "the n asynchronous workers)")
+    groups = group(runs, lambda r: (r.variant, r.n))
+    return lines + md_table(["method", "n", "runs done", "diverged", "final training loss",
+                           "test accuracy", "master wall s"],
+                          _summary_rows(res, groups, lambda k: [k[0], str(k[1])], pi=False))
+
+
+def _e7(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
+    plt = analysis.pyplot()
+    groups = group(list(exp.runs), lambda r: r.kappa)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    _curves(a, res, groups, lambda k: f"κ = {k:g}")
+    _curves(b, res, groups, lambda k: f"κ = {k:g}", curve=pi_curve, log=False,
+            ylabel="median π")
+    a.set_title("training loss")
+    b.set_title("median π")
+    lines = _figure(out, "E7.png", fig, f"GEM with κ = 1…4 at n = {exp.runs[0].n}: the "
+                    "paper's figure 8")
+    return lines + md_table(["κ", "runs done", "diverged", "final training loss",
+                           "test accuracy", "median π", "master wall s"],
+                          _summary_rows(res, groups, lambda k: [f"{k:g}"]))
+
+
+def _e8(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
+    plt = analysis.pyplot()
+    lines, rows = [], []
+    for run in exp.runs:
+        d = res.data(run)
+        if d is None:
+            rows.append([run.name, "not run yet"] + ["–"] * 6)
+            continue
+        heat = analysis.pi_heatmap(d)
+        fig, (a, b) = plt.subplots(1, 2, figsize=(12, 3.8),
+                                   gridspec_kw={"width_ratios": [2, 1]})
+        if heat is not None:
+            cells, edges = heat
+            im = a.imshow(cells, aspect="auto", interpolation="nearest", origin="lower",
+                          extent=(edges[0], edges[-1], -0.5, cells.shape[0] - 0.5))
+            fig.colorbar(im, ax=a, label="median π")
+            a.set(xlabel="master updates", ylabel="tensor", title="median π per tensor")
+            a.grid(False)
+        loss = d.col("loss")
+        b.plot(np.arange(loss.size), analysis.smooth(loss), lw=1)
+        b.set(xlabel="master updates", ylabel="training loss (smoothed)",
+              title="training loss")
+        lines += _figure(out, "E8.png", fig, f"AlexNet, {run.workers} workers, b = "
+                         f"{run.batch}: per-tensor median π over the master's updates (the "
+                         "paper's figures 9 and 10) and the training loss (figure 7)")
+        n = res.numbers(run)
+        mem = (res.record(run) or {}).get("memory") or {}
+        rows.append([run.name, "diverged" if n.diverged else "finished", str(n.updates),
+                     _num(n.wall_s, ".0f"), f"{_num(n.initial_loss)} → {_num(n.final_loss)}",
+                     _num(100 * n.test_accuracy, ".2f") + " %",
+                     f"{mem['peak_tree_pss_mb'] / 1024:.1f} GB" if mem else "–",
+                     f"{mem['mean_rank_pss_mb']} MB / {mem['max_rank_pss_mb']} MB"
+                     if mem else "–"])
+        lines += ["Tensors, bottom to top: " + ", ".join(
+            f"{i} `{t}`" for i, t in enumerate(d.tensor_names)) + ".", ""]
+    return lines + md_table(["run", "status", "updates", "master wall s",
+                           "training loss first → last", "test accuracy (val/)",
+                           "peak memory of the job (PSS)", "per rank: mean / largest"], rows)
+
+
+BODIES: dict[str, Body] = {"E1": _e1, "E2": _e2, "E3": _e3, "E4": _e4, "E5": _e5, "E6": _e6,
+                           "E7": _e7, "E8": _e8}
+
+
+# --- provenance and the page ------------------------------------------------------------------
+
+def _provenance(res: Results, exp: ex.Experiment, budget: ex.Budget) -> list[str]:
+    if not exp.runs:
+        src = ", ".join(f"[{j}]({j}.md)" for j in exp.reads)
+        return ["## Runs", "", (f"This page shows the runs of {src}: their commands, wall "
+                "times, machine, commit and HDF5 files are listed there."), ""]
+    rows, commands, machines, commits, job_s = [], [], set(), set(), 0.0
+    for run in exp.runs:
+        record = res.record(run) or {}
+        path = res.paths(run).metrics
+        state = runner.status(res.dir, run)
+        digest = file_digest(path) if res.data(run) is not None else None
+        attempts = len(record.get("segments", []))
+        job_s += float(record.get("wall_s", 0.0)) if digest else 0.0
+        rows.append([f"`{run.name}`", state if digest or state != "new" else "not run yet",
+                     str(attempts), _num(float(record.get("wall_s", math.nan)), ".0f"),
+                     f"`{digest[0]}`" if digest else "–",
+                     f"{digest[1]:,}" if digest else "–"])
+        cmd = record.get("command") or shlex.join(runner.command(run, res.dir,
+                                                                 budget.log_every))
+        commands.append(("" if record.get("command") else "# not run yet: ") + cmd)
+        if record.get("machine"):
+            machines.add(record["machine"])
+        if record.get("git_commit"):
+            commits.add(record["git_commit"][:12] + (" (uncommitted changes)"
+                                                     if record.get("git_dirty") else ""))
+    ran = (f"Wall time of the jobs (start-up, resumes and evaluation included): "
+           f"{runner.fmt_s(job_s)} in all. Machine: {'; '.join(sorted(machines))}. "
+           f"Commit: {', '.join(sorted(commits))}.") if machines else "Nothing run yet."
+    lines = ["## Runs", "", ran, ""]
+    lines += md_table(["run", "status", "attempts", "job wall s", "HDF5 sha256", "bytes"], rows)
+    lines += ["", ("Commands, exactly as run (from the directory in each run's record, with "
+              "the checkout on PYTHONPATH), or as planned for a run not run yet:"), "",
+              "```text", *commands, "```", ""]
+    return lines
+
+
+def page(res: Results, exp: ex.Experiment, budget: ex.Budget, out: Path) -> str:
+    shown = [r for j in (*exp.reads, exp.id) for r in res.exps[j].runs]
+    done = res.done(shown)
+    head = [f"# {exp.id}: {exp.title}", "",
+            f"**The paper** ({exp.figure}): {exp.claim}.", "",
+            f"**Here**: {len(done)} of {len(shown)} runs done"
+            + (f" (budget: {budget.name})" if budget.name != "full" else "") + ".", ""]
+    if budget.name != "full":
+        head += [(f"> Budget **{budget.name}**: a few dozen steps per worker, to test the "
+                 "harness. These numbers say nothing about the paper's claims."), ""]
+    body = BODIES[exp.id](res, exp, out) if done else ["Not run yet.", ""]
+    return "\n".join(head + body + [""] + _provenance(res, exp, budget)).rstrip() + "\n"
+
+
+def write_pages(res: Results, budget: ex.Budget, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for exp in res.exps.values():
+        path = out / f"{exp.id}.md"
+        path.write_text(page(res, exp, budget, out))
+        paths.append(path)
+    return paths

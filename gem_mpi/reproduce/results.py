@@ -1,0 +1,167 @@
+"""What the finished runs say: each run's numbers and their mean ± spread over seeds.
+
+The report's pages and its claims table both read runs through here, and here only through
+gem_mpi/outputs/analysis.py, so that a number printed on two pages is computed once, the
+same way. A run counts when it is done (finished, or stopped by divergence); one that is
+missing or was cut short is "not run yet", never a guess.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gem_mpi.outputs import analysis
+from gem_mpi.reproduce import experiments as ex
+from gem_mpi.reproduce import runner
+
+
+@dataclass(frozen=True)
+class Numbers:
+    """One done run's headline numbers."""
+
+    diverged: bool
+    initial_loss: float
+    final_loss: float  # mean worker loss over the last 10 % of updates (figure 1d)
+    test_loss: float
+    test_accuracy: float
+    median_pi: float  # NaN for methods without π
+    wall_s: float  # the master's training time
+    job_s: float  # the whole job, start-up and resumes included (the record's)
+    updates: int
+
+
+class Results:
+    """The runs of a results directory, loaded once each."""
+
+    def __init__(self, results: Path, exps: dict[str, ex.Experiment]) -> None:
+        self.dir, self.exps = results, exps
+        self._runs: dict[str, analysis.Run | None] = {}
+
+    def paths(self, run: ex.Run) -> runner.Paths:
+        return runner.Paths.of(self.dir, run)
+
+    def record(self, run: ex.Run) -> dict | None:
+        return runner.load_record(self.paths(run).record)
+
+    def data(self, run: ex.Run) -> analysis.Run | None:
+        """The run's metrics if it is done (finished or diverged), else None."""
+        if run.name not in self._runs:
+            data = None
+            path = self.paths(run).metrics
+            if path.exists():
+                try:
+                    data = analysis.load_run(path)
+                except (analysis.RunFileError, OSError):
+                    data = None
+            if data is not None and not (data.finished or analysis.diverged(data)):
+                data = None
+            self._runs[run.name] = data
+        return self._runs[run.name]
+
+    def done(self, runs: list[ex.Run]) -> list[ex.Run]:
+        return [r for r in runs if self.data(r) is not None]
+
+    def numbers(self, run: ex.Run) -> Numbers | None:
+        d = self.data(run)
+        if d is None:
+            return None
+        test = analysis.final_test(d)
+        record = self.record(run) or {}
+        return Numbers(analysis.diverged(d), analysis.initial_train_loss(d),
+                       analysis.final_train_loss(d), test.loss, test.accuracy,
+                       analysis.run_median_pi(d), analysis.wall_seconds(d),
+                       float(record.get("wall_s", math.nan)), analysis.applied_updates(d))
+
+
+def group(runs: list[ex.Run], key) -> dict:
+    """Runs by ``key(run)``, keys in first-seen order."""
+    out: dict = {}
+    for r in runs:
+        out.setdefault(key(r), []).append(r)
+    return out
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample standard deviation over seeds of the finite values."""
+
+    values: tuple[float, ...]
+
+    @property
+    def finite(self) -> np.ndarray:
+        v = np.asarray(self.values, np.float64)
+        return v[np.isfinite(v)]
+
+    @property
+    def mean(self) -> float:
+        return float(self.finite.mean()) if self.finite.size else math.nan
+
+    @property
+    def sd(self) -> float:
+        return float(self.finite.std(ddof=1)) if self.finite.size > 1 else math.nan
+
+    def text(self, fmt: str = ".3f", scale: float = 1.0, unit: str = "") -> str:
+        if not self.finite.size:
+            return "–"
+        m = format(self.mean * scale, fmt) + unit
+        if self.finite.size == 1:
+            return f"{m} (1 seed)"
+        return f"{m} ± {format(self.sd * scale, fmt)}{unit}"
+
+
+def stat(res: Results, runs: list[ex.Run], field: str, finished_only: bool = True) -> Stat:
+    """``field`` of Numbers over the done runs (without diverged ones unless asked)."""
+    vals = []
+    for r in runs:
+        n = res.numbers(r)
+        if n is not None and not (finished_only and n.diverged):
+            vals.append(float(getattr(n, field)))
+    return Stat(tuple(vals))
+
+
+def diverged_count(res: Results, runs: list[ex.Run]) -> tuple[int, int]:
+    """(diverged, done) among ``runs``."""
+    nums = [res.numbers(r) for r in runs]
+    nums = [n for n in nums if n is not None]
+    return sum(n.diverged for n in nums), len(nums)
+
+
+def mean_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The mean over seeds of curves on the same integer x, up to the shortest one."""
+    curves = [c for c in curves if c[0].size]
+    if not curves:
+        return np.zeros(0), np.zeros(0)
+    k = min(c[0].size for c in curves)
+    return curves[0][0][:k], np.nanmean(np.stack([c[1][:k] for c in curves]), axis=0)
+
+
+def loss_curve(d: analysis.Run) -> tuple[np.ndarray, np.ndarray]:
+    """Smoothed mean worker loss per worker step."""
+    loss = d.col("loss")
+    if loss is None or loss.size == 0:
+        return np.zeros(0), np.zeros(0)
+    x, y = analysis.by_worker_step(d, loss)
+    return x, analysis.smooth(y)
+
+
+def pi_curve(d: analysis.Run) -> tuple[np.ndarray, np.ndarray]:
+    """Smoothed median π per worker step (empty for methods without π)."""
+    pi = analysis.median_pi(d)
+    if pi is None:
+        return np.zeros(0), np.zeros(0)
+    x, y = analysis.by_worker_step(d, pi)
+    return x, analysis.smooth(y)
+
+
+def file_digest(path: Path) -> tuple[str, int]:
+    """(sha256, bytes) of a file, read in blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest(), path.stat().st_size

@@ -1,0 +1,500 @@
+"""Running the experiments' jobs one at a time, resumably, and saying how long it will take.
+
+Each run is a real ``mpirun … python -m gem_mpi.train`` job (as ``gem_mpi.bench compare``
+launches them) that writes ``<results>/<run>.h5`` and checkpoints into ``<run>.ckpt/`` every
+minute with ``--resume auto``: run the harness again and a finished run (its summary says
+finished, or it diverged: exit 4, recorded as such) is skipped, an interrupted one continues
+from its checkpoint. ``<run>.json`` beside it records the exact command, every attempt
+(start, end, exit code, wall time), the commit and the machine, for the report to quote;
+``<run>.log`` keeps rank 0's output.
+
+SIGINT or SIGTERM to the harness is forwarded to the running ``mpirun`` as SIGUSR1 (the
+master checkpoints and the job exits 3) and the harness stops after it; a second one
+terminates the job. The jobs run in their own session, so that Ctrl-C on a terminal reaches
+the harness only, not every rank at once (which would kill them without a checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gem_mpi.outputs import analysis
+from gem_mpi.outputs.files import atomic_write
+from gem_mpi.reproduce import experiments as ex
+from gem_mpi.reproduce.imagefolder import generate
+
+REPO = Path(__file__).resolve().parents[2]
+CHECKPOINT_EVERY_S = 60
+EXIT_STOPPED, EXIT_DIVERGED = 3, 4  # gem_mpi.train's exit codes (docs/RELIABILITY.md)
+DONE = ("finished", "diverged")
+# ranks beyond which one machine keeps the job's memory in check (tools/scale.sh's settings)
+MANY_RANKS = 40
+# GB per rank training the paper's net on Fashion-MNIST: the CUDA build of torch (about
+# 0.28 GB after import alone: docs/SCALE.md), and the CPU-only one (0.21 GB: 101 ranks took
+# 20.9 GB PSS here, the data held by every rank)
+TORCH_RANK_GB, CPU_TORCH_RANK_GB = 0.3, 0.21
+
+# Assumed training rates on the 2-core development machine, in samples per second of the
+# whole job (docs/PERFORMANCE.md, and 1-rank sync measured at 47 steps/s of b 64), and the
+# job's start-up (about 2 s per rank: docs/SCALE.md). Finished runs correct them.
+ASSUMED_RATE = {("mnist-cnn", "async"): 6000.0, ("mnist-cnn", "sync"): 4500.0,
+                ("mnist-cnn", "sync1"): 3000.0, ("alexnet", "async"): 19.0}
+
+
+def rate_key(run: ex.Run) -> tuple[str, str]:
+    kind = "async" if run.method != "sync" else "sync1" if run.ranks == 1 else "sync"
+    return run.model, kind
+
+
+def assumed_seconds(run: ex.Run) -> float:
+    rate = ASSUMED_RATE.get(rate_key(run), 3000.0)
+    return 8.0 + 2.0 * run.ranks + run.samples / rate
+
+
+# --- what a run has left on disk ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Paths:
+    metrics: Path
+    checkpoints: Path
+    record: Path
+    log: Path
+    memory: Path
+
+    @classmethod
+    def of(cls, results: Path, run: ex.Run) -> Paths:
+        base = results / run.name
+        return cls(Path(f"{base}.h5"), Path(f"{base}.ckpt"), Path(f"{base}.json"),
+                   Path(f"{base}.log"), Path(f"{base}.mem.json"))
+
+
+def load_record(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def save_record(path: Path, record: dict) -> None:
+    atomic_write(str(path), lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
+
+
+def status(results: Path, run: ex.Run) -> str:
+    """finished, diverged (both done), stopped or failed (to be resumed), or new."""
+    p = Paths.of(results, run)
+    record = load_record(p.record) or {}
+    if p.metrics.exists():
+        try:
+            data = analysis.load_run(p.metrics)
+        except (analysis.RunFileError, OSError):
+            data = None
+        if data is not None and data.finished:
+            return "finished"
+        if data is not None and analysis.diverged(data):
+            return "diverged"
+    if record.get("status") in ("diverged", "stopped", "failed"):
+        return record["status"]
+    return "stopped" if p.metrics.exists() or p.checkpoints.exists() else "new"
+
+
+# --- how a job is launched here -----------------------------------------------------------
+
+def cpu_python() -> str | None:
+    """The CPU-only torch environment of tools/scale.sh (less memory per rank), or None."""
+    venv = os.environ.get("GEM_MPI_SCALE_VENV") or os.path.expanduser(
+        "~/.cache/gem_mpi/venv-cpu")
+    py = os.path.join(venv, "bin", "python")
+    return py if os.access(py, os.X_OK) else None
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def as_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def command(run: ex.Run, results: Path, log_every: float) -> list[str]:
+    """The job's exact argv: mpirun, then gem_mpi.train with the harness's outputs."""
+    p = Paths.of(results, run)
+    python = (cpu_python() if run.cpu_env else None) or sys.executable
+    mpirun = ["mpirun", "-n", str(run.ranks)]
+    if as_root():
+        mpirun.append("--allow-run-as-root")
+    if run.ranks > cores():
+        mpirun.append("--oversubscribe")
+    mpirun += ["--mca", "btl", "self,vader"]  # one machine: shared memory, no TCP port
+    if run.ranks > MANY_RANKS:
+        mpirun += ["-x", "MALLOC_TRIM_THRESHOLD_=0"]
+    train = [python, "-m", "gem_mpi.train", *run.options, "--metrics", str(p.metrics),
+             "--checkpoint-dir", str(p.checkpoints), "--checkpoint-every",
+             str(CHECKPOINT_EVERY_S), "--resume", "auto", "--log-every", f"{log_every:g}"]
+    if run.memwatch:
+        watch = [sys.executable, str(REPO / "tools" / "memwatch.py"), "--json", str(p.memory),
+                 "--"]
+        return [*watch, *mpirun, *train]
+    return [*mpirun, *train]
+
+
+def job_env() -> dict[str, str]:
+    """The checkout's gem_mpi on every rank, whatever the directory the harness runs in."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"]
+                                     if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def memory_needed_gb(run: ex.Run) -> float:
+    if run.model == "alexnet":
+        return ex.alexnet_memory_gb(run.workers)
+    per_rank = CPU_TORCH_RANK_GB if run.cpu_env and cpu_python() else TORCH_RANK_GB
+    return run.ranks * per_rank
+
+
+def memory_available_gb() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return float("inf")
+
+
+def why_not_here(run: ex.Run) -> str:
+    """Why launching this run would only exhaust this machine's memory ("" when it fits)."""
+    need, have = memory_needed_gb(run), memory_available_gb()
+    if need <= have:
+        return ""
+    fix = ""
+    if run.cpu_env and not cpu_python():
+        fix = ("; build the CPU-only environment of tools/scale.sh first (GEM_MPI_VENV="
+               "~/.cache/gem_mpi/venv-cpu GEM_MPI_TORCH=2.13.0 GEM_MPI_TORCHVISION=none "
+               "GEM_MPI_HOROVOD=0 bash tools/install.sh)")
+    return f"needs about {need:.0f} GB of memory, {have:.0f} GB available{fix}"
+
+
+# --- provenance -----------------------------------------------------------------------------
+
+def git_state() -> dict[str, object]:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True,
+                                  text=True, check=False, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    commit = git("rev-parse", "HEAD") or "unknown"
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return {"commit": commit, "dirty": dirty}
+
+
+def machine() -> str:
+    """CPU, cores, memory, OS and MPI: what the wall times depend on."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f
+                    if line.startswith("model name")), cpu)
+    try:
+        mpi = subprocess.run(["mpirun", "--version"], capture_output=True, text=True,
+                             check=False, timeout=30).stdout.splitlines()[0].strip()
+    except (OSError, subprocess.SubprocessError, IndexError):
+        mpi = "mpirun not found"
+    return (f"{cpu}, {cores()} cores, {ex.machine_memory_gb():.0f} GiB, "
+            f"{platform.system()} {platform.release()}, {mpi}, Python "
+            f"{platform.python_version()}")
+
+
+def now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def fmt_s(seconds: float) -> str:
+    s = round(max(seconds, 0))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+# --- estimates ------------------------------------------------------------------------------
+
+class Estimates:
+    """Seconds per run: the assumed rate, corrected per kind of job by the finished runs'
+    measured wall times in the same results directory."""
+
+    def __init__(self, runs: list[ex.Run], results: Path) -> None:
+        spent: dict[tuple[str, str], list[float]] = {}
+        for run in runs:
+            record = load_record(Paths.of(results, run).record)
+            if not record or record.get("status") != "finished":
+                continue
+            wall = sum(s.get("wall_s", 0.0) for s in record.get("segments", []))
+            if wall > 0:
+                pair = spent.setdefault(rate_key(run), [0.0, 0.0])
+                pair[0] += wall
+                pair[1] += assumed_seconds(run)
+        self.factor = {k: a / b for k, (a, b) in spent.items() if b > 0}
+        self.measured = {k: v for k, v in spent.items()}
+
+    def seconds(self, run: ex.Run) -> float:
+        return assumed_seconds(run) * self.factor.get(rate_key(run), 1.0)
+
+    def basis(self) -> str:
+        rates = ", ".join(f"{m} {k} {r:g}" for (m, k), r in ASSUMED_RATE.items())
+        text = (f"estimates: start-up 8 s + 2 s per rank, then samples at assumed rates "
+                f"(samples/s of the whole job on a 2-core machine: {rates})")
+        if self.factor:
+            fixed = ", ".join(f"{m} {k} ×{f:.2f}" for (m, k), f in self.factor.items())
+            text += f", corrected by the finished runs measured here ({fixed})"
+        else:
+            text += "; no finished run here yet to measure them"
+        return text
+
+
+def plan_text(runs: list[ex.Run], results: Path, log_every: float) -> str:
+    """Every run with its state, estimate and exact command, then the total."""
+    est = Estimates(runs, results)
+    lines, left, todo = [], 0.0, 0
+    for i, run in enumerate(runs, 1):
+        state = status(results, run)
+        seconds = est.seconds(run)
+        if state not in DONE:
+            left += seconds
+            todo += 1
+        warn = why_not_here(run)
+        lines.append(f"[{i}/{len(runs)}] {run.name}: {run.experiment} {run.variant}, "
+                     f"{run.ranks} ranks, {run.steps} steps × b {run.batch} per worker, "
+                     f"estimated {fmt_s(seconds)}, {state}"
+                     + (f"; WILL NOT RUN HERE: {warn}" if warn else ""))
+        lines.append("    " + shlex.join(command(run, results, log_every)))
+    lines.append(f"{len(runs)} runs, {len(runs) - todo} done, {todo} to run: estimated "
+                 f"wall time {fmt_s(left)} ({est.basis()})")
+    return "\n".join(lines)
+
+
+# --- running --------------------------------------------------------------------------------
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError), \
+                    open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry))
+    return out
+
+
+def _mpirun_pid(proc: subprocess.Popen, wrapped: bool) -> int:
+    """The mpirun of the job: the process itself, or memwatch's child."""
+    if not wrapped:
+        return proc.pid
+    for pid in _children(proc.pid):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as f:
+            if f.read().strip() in ("mpirun", "orterun", "prterun", "mpiexec"):
+                return pid
+    return proc.pid
+
+
+class Harness:
+    """Runs a list of runs in order, skipping what is done; one job at a time."""
+
+    def __init__(self, results: Path, budget: ex.Budget, lock: Path | None = None,
+                 say: Callable[[str], None] | None = None, heartbeat_s: float = 60.0) -> None:
+        self.results, self.budget, self.lock = results, budget, lock
+        self.say = say or (lambda text: print(f"reproduce: {text}", flush=True))
+        self.heartbeat_s = heartbeat_s
+        self.proc: subprocess.Popen | None = None
+        self.wrapped = False
+        self.signals = 0
+        self.git = git_state()
+        self.machine = machine()
+
+    # signals: the first stops the job with a checkpoint, the second terminates it
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signals += 1
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            self.say(f"signal {signum}: stopping")
+            return
+        if self.signals == 1:
+            self.say(f"signal {signum}: SIGUSR1 to mpirun, the run checkpoints and stops "
+                     "(exit 3); the same command resumes it (a second signal terminates it)")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(_mpirun_pid(proc, self.wrapped), signal.SIGUSR1)
+        else:
+            self.say(f"signal {signum} again: terminating the job")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+
+    def run(self, runs: list[ex.Run]) -> int:
+        """0 when every run is done, 1 when some failed, 3 when stopped by a signal."""
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._run_all(runs)
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+    def _run_all(self, runs: list[ex.Run]) -> int:
+        self.results.mkdir(parents=True, exist_ok=True)
+        states = {r.name: status(self.results, r) for r in runs}
+        failed: list[str] = []
+        done_before = sum(s in DONE for s in states.values())
+        if done_before:
+            self.say(f"{done_before} of {len(runs)} runs already done: skipped")
+        if done_before < len(runs):
+            est = Estimates(runs, self.results)
+            total = sum(est.seconds(r) for r in runs if states[r.name] not in DONE)
+            self.say(f"{len(runs) - done_before} runs to run, estimated {fmt_s(total)} "
+                     f"({est.basis()}); --plan lists their commands")
+        for i, run in enumerate(runs, 1):
+            if self.signals:
+                return EXIT_STOPPED
+            if states[run.name] in DONE:
+                continue
+            est = Estimates(runs, self.results)  # corrected by the runs finished so far
+            left = sum(est.seconds(r) for r in runs[i:] if states[r.name] not in DONE)
+            outcome = self._one(run, f"[{i}/{len(runs)}]", est.seconds(run), left)
+            states[run.name] = outcome
+            if outcome == "stopped":
+                return EXIT_STOPPED
+            if outcome == "failed":
+                failed.append(run.name)
+        if failed:
+            self.say(f"{len(failed)} run(s) failed: {', '.join(failed)} (their .log files "
+                     "say why); running the same command again retries them")
+            return 1
+        self.say(f"all {len(runs)} runs done")
+        return 0
+
+    def _one(self, run: ex.Run, tag: str, estimate: float, after: float) -> str:
+        p = Paths.of(self.results, run)
+        record = load_record(p.record) or {}
+        why = why_not_here(run)
+        if why:
+            self.say(f"{tag} {run.name}: not run: {why}")
+            self._save(p, run, record, None, "failed", note=why)
+            return "failed"
+        if run.model == "alexnet":
+            self.say(f"{tag} generating the image folder for {run.name}")
+            generate(ex.imagefolder_dir(str(self.results)), self.budget.e8_folder)
+        p.checkpoints.mkdir(parents=True, exist_ok=True)
+        with self._locked(tag, run):
+            if self.signals:
+                return "stopped"
+            cmd = command(run, self.results, self.budget.log_every)
+            eta = datetime.datetime.now() + datetime.timedelta(seconds=estimate + after)
+            resumed = " (resuming)" if p.metrics.exists() else ""
+            self.say(f"{tag} {run.name}{resumed}: {run.ranks} ranks, estimated "
+                     f"{fmt_s(estimate)}; all left done in about {fmt_s(estimate + after)} "
+                     f"(ETA {eta:%H:%M})")
+            segment = {"started": now(), "command": shlex.join(cmd)}
+            t0 = time.monotonic()
+            with open(p.log, "a") as log:
+                log.write(f"=== {segment['started']} {segment['command']}\n")
+                log.flush()
+                self.wrapped = run.memwatch
+                self.proc = subprocess.Popen(cmd, env=job_env(), stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
+                rc = self._wait(tag, run, t0, estimate, after)
+                self.proc = None
+        wall = time.monotonic() - t0
+        segment.update(ended=now(), exit_code=rc, wall_s=round(wall, 1))
+        outcome = self._outcome(p, rc)
+        if self.signals and outcome == "failed":
+            outcome = "stopped"  # ended by our signal before its ranks could catch it
+        self._save(p, run, record, segment, outcome)
+        if outcome in DONE:
+            shutil.rmtree(p.checkpoints, ignore_errors=True)  # only a resume needs them
+        tail = "" if outcome in DONE + ("stopped",) else ": " + self._tail(p.log)
+        self.say(f"{tag} {run.name}: {outcome} (exit {rc}) after {fmt_s(wall)}{tail}")
+        return outcome
+
+    @contextlib.contextmanager
+    def _locked(self, tag: str, run: ex.Run):
+        """Hold --lock while the job runs, so that other heavy work waits its turn (and the
+        wall-clock figures are not shared with it)."""
+        if self.lock is None:
+            yield
+            return
+        with open(self.lock, "a") as f:
+            said = False
+            while not self.signals:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not said:
+                        self.say(f"{tag} {run.name}: waiting for the lock {self.lock}")
+                        said = True
+                    time.sleep(1.0)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _wait(self, tag: str, run: ex.Run, t0: float, estimate: float, after: float) -> int:
+        assert self.proc is not None
+        while True:
+            try:
+                return self.proc.wait(timeout=self.heartbeat_s)
+            except subprocess.TimeoutExpired:
+                spent = time.monotonic() - t0
+                rest = max(estimate - spent, 0.0) + after
+                eta = datetime.datetime.now() + datetime.timedelta(seconds=rest)
+                self.say(f"{tag} {run.name} running for {fmt_s(spent)} (estimated "
+                         f"{fmt_s(estimate)}); all left done in about {fmt_s(rest)} "
+                         f"(ETA {eta:%H:%M})")
+
+    @staticmethod
+    def _outcome(p: Paths, rc: int) -> str:
+        if rc == EXIT_DIVERGED:
+            return "diverged"
+        if rc == EXIT_STOPPED:
+            return "stopped"
+        if rc == 0:
+            try:
+                return "finished" if analysis.load_run(p.metrics).finished else "failed"
+            except (analysis.RunFileError, OSError):
+                return "failed"
+        return "failed"
+
+    @staticmethod
+    def _tail(log: Path, lines: int = 3) -> str:
+        with contextlib.suppress(OSError):
+            return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:])
+        return ""
+
+    def _save(self, p: Paths, run: ex.Run, record: dict, segment: dict | None, outcome: str,
+              note: str = "") -> None:
+        segments = list(record.get("segments", [])) + ([segment] if segment else [])
+        memory = load_record(p.memory) if run.memwatch else None
+        record = {
+            "name": run.name, "experiment": run.experiment, "variant": run.variant,
+            "n": run.n, "seed": run.seed, "method": run.method, "ranks": run.ranks,
+            "command": segment["command"] if segment else record.get("command", ""),
+            "cwd": os.getcwd(), "pythonpath": str(REPO), "metrics": str(p.metrics),
+            "status": outcome, "note": note, "segments": segments,
+            "wall_s": round(sum(s.get("wall_s", 0.0) for s in segments), 1),
+            "git_commit": self.git["commit"], "git_dirty": self.git["dirty"],
+            "machine": self.machine, "budget": self.budget.name,
+            **({"memory": memory} if memory else {}),
+        }
+        save_record(p.record, record)

@@ -1,0 +1,155 @@
+"""``python -m gem_mpi.reproduce`` end to end at the quick budget: every experiment as real
+mpirun jobs, the report with its claims table, the skip of finished runs, the plan; and, with
+a stand-in for mpirun, that a signal stops the running job with a checkpoint (SIGUSR1) and
+that the next invocation resumes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, mpi_env
+
+from gem_mpi.reproduce import experiments as ex
+from gem_mpi.reproduce import runner
+
+EXPERIMENTS = [f"E{i}" for i in range(1, 9)]
+QUICK_RUNS = len(ex.select(ex.experiments(ex.quick_budget(), "r"), EXPERIMENTS))
+
+
+def reproduce(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gem_mpi.reproduce", *args],
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          env=mpi_env(), cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory) -> Path:
+    """Every experiment at the quick budget, once for the module (about 3.5 minutes)."""
+    results = tmp_path_factory.mktemp("reproduce") / "results"
+    res = reproduce("--quick", "all", "--results", str(results))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"all {QUICK_RUNS} runs done" in res.stdout
+    return results
+
+
+def test_quick_runs_write_metrics_and_records(quick):
+    records = sorted(quick.glob("*.json"))
+    records = [p for p in records if not p.name.endswith(".mem.json")]
+    assert len(records) == QUICK_RUNS
+    for path in records:
+        rec = json.loads(path.read_text())
+        assert rec["status"] == "finished", rec
+        [segment] = rec["segments"]
+        assert segment["exit_code"] == 0 and segment["wall_s"] > 0
+        assert "gem_mpi.train" in rec["command"] and f"--metrics {quick}" in rec["command"]
+        assert re.fullmatch(r"[0-9a-f]{40}|unknown", rec["git_commit"]) and rec["machine"]
+        assert (quick / f"{rec['name']}.h5").is_file()
+        assert not (quick / f"{rec['name']}.ckpt").exists()  # done: checkpoints removed
+    e1 = json.loads((quick / "e1-gem-paper-n002-s0.json").read_text())["command"]
+    assert "--gem-shift paper" in e1
+    e8 = json.loads((quick / "e8-gem-n002-s0.json").read_text())
+    assert e8["memory"]["peak_tree_pss_mb"] > 0  # measured by tools/memwatch.py
+    assert (quick / "imagenet_synth" / "train").is_dir()
+
+
+def test_report_pages_figures_and_claims(quick, tmp_path):
+    out = tmp_path / "report"
+    res = reproduce("--quick", "--report", "--results", str(quick), "--out", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    for e in EXPERIMENTS:
+        page = (out / f"{e}.md").read_text()
+        assert (out / f"{e}.png").stat().st_size > 1000, e
+        assert "![" in page and "Not run yet" not in page, e
+        if e not in ("E3", "E5"):  # those show E1's and E2's runs
+            assert re.search(r"`[0-9a-f]{64}`", page), e  # sha256 of each HDF5 file
+            assert "mpirun -n" in page and "gem_mpi.train" in page, e
+    readme = (out / "README.md").read_text()
+    claims = readme.split("## Claims")[1].split("## Deviations")[0]
+    rows = [ln for ln in claims.splitlines() if ln.startswith("| ") and "claim of" not in ln]
+    assert len(rows) == 11
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[4].strip("*") in ("yes", "partly", "no"), row
+        assert re.search(r"\d\.\d", cells[3]), row  # real numbers, from the runs
+    assert "not run yet" not in claims
+    assert "Fashion-MNIST" in readme and "the quick budget" in readme
+
+
+def test_second_invocation_skips_finished_runs(quick):
+    before = {p.name: p.stat().st_mtime for p in quick.glob("*.h5")}
+    t0 = time.monotonic()
+    res = reproduce("--quick", "all", "--results", str(quick))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert time.monotonic() - t0 < 60
+    assert f"{QUICK_RUNS} of {QUICK_RUNS} runs already done: skipped" in res.stdout
+    assert {p.name: p.stat().st_mtime for p in quick.glob("*.h5")} == before
+
+
+def test_plan_lists_every_run_with_command_and_estimate(quick):
+    res = reproduce("--quick", "--plan", "--results", str(quick))
+    assert res.returncode == 0, res.stderr
+    commands = [ln for ln in res.stdout.splitlines() if "gem_mpi.train" in ln]
+    assert len(commands) == QUICK_RUNS
+    assert all("mpirun -n" in c and "--resume auto" in c for c in commands)
+    assert res.stdout.count(", finished") == QUICK_RUNS
+    assert "estimated wall time" in res.stdout and "corrected by the finished runs" in res.stdout
+    full = reproduce("--plan", "E1", "--results", str(quick.parent / "none"))
+    assert full.returncode == 0 and "48 runs, 0 done, 48 to run: estimated wall time" in \
+        full.stdout and "assumed rates" in full.stdout
+
+
+# A stand-in for the mpirun job: the first time it waits for SIGUSR1 and exits 3 (stopped
+# with a checkpoint); the next time it "finishes" by copying a finished metrics file.
+FAKE_JOB = """
+import shutil, signal, sys, time
+marker, source, metrics = sys.argv[1:]
+signal.signal(signal.SIGUSR1, lambda *_: sys.exit(3))
+try:
+    open(marker, "x").close()
+except FileExistsError:
+    shutil.copy(source, metrics)
+    sys.exit(0)
+time.sleep(120)
+sys.exit(1)
+"""
+
+
+def test_signal_stops_the_job_with_sigusr1_and_the_next_run_resumes(quick, tmp_path,
+                                                                    monkeypatch):
+    results = tmp_path / "results"
+    run = ex.experiments(ex.quick_budget(), str(results))["E1"].runs[0]
+    paths = runner.Paths.of(results, run)
+    source = quick / f"{run.name}.h5"
+    monkeypatch.setattr(runner, "command", lambda r, res, log_every: [
+        sys.executable, "-c", FAKE_JOB, str(tmp_path / "marker"), str(source),
+        str(paths.metrics)])
+    harness = runner.Harness(results, ex.quick_budget(), say=lambda _: None)
+
+    def interrupt() -> None:
+        while harness.proc is None:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the job has installed its SIGUSR1 handler
+        os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C does
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    assert harness.run([run]) == runner.EXIT_STOPPED
+    rec = json.loads(paths.record.read_text())
+    assert rec["status"] == "stopped" and rec["segments"][0]["exit_code"] == 3
+    assert runner.status(results, run) == "stopped"
+    harness = runner.Harness(results, ex.quick_budget(), say=lambda _: None)
+    assert harness.run([run]) == 0
+    rec = json.loads(paths.record.read_text())
+    assert rec["status"] == "finished"
+    assert [s["exit_code"] for s in rec["segments"]] == [3, 0]
+    assert runner.status(results, run) == "finished"
+    shutil.rmtree(results)
