@@ -15,7 +15,7 @@ import traceback
 from gem_mpi import config
 from gem_mpi.errors import GemError, UsageError
 from gem_mpi.run.supervisor import EXIT_CODES, EXIT_USAGE, Outcome, StopFlag, say
-from gem_mpi.transport import MASTER, MPI, soft_barrier, start_mpi
+from gem_mpi.transport import MASTER, MPI, soft_barrier, start_mpi, window_check
 
 
 def thread_level(argv: list[str]) -> str:
@@ -61,6 +61,8 @@ def main(argv: list[str]) -> int:
         if rank == MASTER:
             print(help_text)
         return 0
+    if error is None and cfg is not None and cfg.method != config.SYNC:
+        error = window_check(comm)  # a stack that cannot make the windows: one line, exit 2
     if error is not None:
         if rank == MASTER:
             say(f"error: {error}")

@@ -9,7 +9,11 @@
 # Steps (each prints one line when it has work to do):
 #   1. Debian packages openmpi-bin libopenmpi-dev dataset-fashion-mnist g++ shellcheck (for
 #      the tests' lint of jobs/; apt-get; and
-#      python3-venv python3-dev when the python is Debian's own)
+#      python3-venv python3-dev when the python is Debian's own; mpich for the second MPI
+#      stack the tests run, beside Open MPI: mpirun stays Open MPI's, MPICH's launcher is
+#      mpiexec.mpich), and a link libmpi.so.12 -> Debian's libmpich.so.12 in
+#      ${GEM_MPI_MPICH_LIB:-$HOME/.cache/gem_mpi/mpich/lib}: mpi4py's wheel loads MPICH with
+#      MPI4PY_MPIABI=mpich LD_LIBRARY_PATH=<that folder> (docs/ARCHITECTURE.md)
 #   2. a virtualenv at ${GEM_MPI_VENV:-$HOME/.cache/gem_mpi/venv}, shared by every checkout
 #   3. Python dependencies (torch, torchvision, mpi4py, numpy, h5py, matplotlib, ...)
 #   4. gem_mpi itself: pip install --no-build-isolation . (builds the C++ extension),
@@ -27,6 +31,7 @@
 #   GEM_MPI_NATIVE=1      build the kernels with -march=native
 #   GEM_MPI_SKIP_APT=1    do not check or install Debian packages (non-Debian clusters)
 #   GEM_MPI_HOROVOD=0     do not build Horovod (no --method sync in this venv)
+#   GEM_MPI_MPICH=0       do not install MPICH (tests/test_mpi_stacks.py then leaves it out)
 #   HOROVOD_GPU_OPERATIONS=NCCL   build Horovod's NCCL operations too (GPU clusters)
 
 _gem_install_main() {
@@ -44,6 +49,7 @@ _gem_install_main() {
 
   # --- 1. Debian packages ---------------------------------------------------------------
   local debs=(openmpi-bin libopenmpi-dev dataset-fashion-mnist g++ shellcheck)
+  [[ "${GEM_MPI_MPICH:-1}" != 0 ]] && debs+=(mpich)
   # Debian's own python3 keeps venv and the C headers (for the extension) in extra packages
   case "$(command -v "${GEM_MPI_PYTHON:-python3}" 2>/dev/null)" in
     /usr/bin/*) debs+=(python3-venv python3-dev) ;;
@@ -86,6 +92,20 @@ _gem_install_main() {
       _gem_say "no dpkg and no mpirun: install Open MPI (and Fashion-MNIST) by hand," \
         "or set GEM_MPI_SKIP_APT=1 if they are provided some other way"
       return 1
+    fi
+  fi
+
+  # MPICH for mpi4py's wheel: it asks for libmpi.so.12, Debian names it libmpich.so.12
+  if [[ "${GEM_MPI_MPICH:-1}" != 0 ]]; then
+    local mpich_lib="${GEM_MPI_MPICH_LIB:-$HOME/.cache/gem_mpi/mpich/lib}" libmpich
+    libmpich="$(/sbin/ldconfig -p 2>/dev/null | awk '/libmpich\.so\.12 /{print $NF; exit}')"
+    if [[ -z "$libmpich" ]]; then
+      _gem_say "libmpich.so.12 not found: install Debian's mpich, or set GEM_MPI_MPICH=0"
+      return 1
+    fi
+    if [[ "$(readlink "$mpich_lib/libmpi.so.12" 2>/dev/null)" != "$libmpich" ]]; then
+      mkdir -p "$mpich_lib"
+      ln -sfn "$libmpich" "$mpich_lib/libmpi.so.12"
     fi
   fi
 

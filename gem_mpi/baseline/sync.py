@@ -35,7 +35,17 @@ _LOSS, _COMPUTE, _STOP, _ERROR = range(4)
 
 
 def check_horovod() -> None:
-    """UsageError, with the fix, when Horovod is missing or built without PyTorch or MPI."""
+    """UsageError, with the fix, when Horovod is missing or built without PyTorch or MPI, or
+    when the job runs on another MPI than the Open MPI that Horovod is linked against (its
+    library would load a second MPI into the process)."""
+    from gem_mpi.transport import MPI
+
+    vendor, version = MPI.get_vendor()
+    if vendor != "Open MPI":
+        raise UsageError(f"--method sync: Horovod here is built against Open MPI, and this job "
+                         f"runs on {vendor} {'.'.join(map(str, version))}; launch it with Open "
+                         f"MPI's mpirun, or use an asynchronous method (gem, downpour, "
+                         f"adaptive), which runs on {vendor}")
     try:
         import horovod.torch as hvd
     except ImportError as exc:

@@ -19,7 +19,7 @@ from gem_mpi.config import Config
 from gem_mpi.outputs.metrics import WORKER_TIME_COLUMNS
 from gem_mpi.problem import Problem
 from gem_mpi.run.supervisor import Outcome, RunSupervisor, StopFlag, say
-from gem_mpi.transport import MPI, Backoff
+from gem_mpi.transport import MPI
 from gem_mpi.transport.endpoints import (
     ABORTED,
     DONE,
@@ -86,7 +86,7 @@ class Master:
         return outcome
 
     def _serve(self) -> Outcome:
-        backoff = Backoff(first=20e-6, limit=1e-3)
+        backoff = self.ep.idle_backoff(first=20e-6, limit=1e-3)  # makes MPI progress too
         clock_fn = time.perf_counter
         while self.done < self.n_workers:
             outcome = self.sup.check(self.clock)
@@ -128,6 +128,7 @@ class Master:
             ok, stats = self.rule.apply(self.ep.theta, msg.payload, staleness)
             apply_s = clock_fn() - t
             apply_total += apply_s
+            self.ep.progress()  # workers' RMA on rank 0 moves on between updates
             batch.append(Applied(msg.rank, msg.seq, msg.ticket, msg.version, msg.loss,
                                  msg.compute_s, ok, self.clock, staleness, apply_s,
                                  t - self.sup.t0, stats))

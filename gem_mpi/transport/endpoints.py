@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gem_mpi.transport import MASTER, MPI, Backoff, soft_barrier
+from gem_mpi.transport import MASTER, MPI, Backoff, Progress, soft_barrier
 from gem_mpi.transport.idioms import Mailbox, Message, StopWord, TicketCounter, VersionedArray
 
 # message kinds
@@ -44,6 +44,7 @@ class _Endpoint:
     def __init__(self, comm: MPI.Intracomm, layout: Layout, ticket0: int = 0) -> None:
         self.layout = layout
         soft_barrier(comm)  # ranks arrive after uneven imports and data loading
+        self.progress = Progress(comm)
         self.tickets = TicketCounter(comm, ticket0)
         self.stop = StopWord(comm)
         self.mailbox = Mailbox(comm, layout.n_workers, layout.payload_floats)
@@ -55,7 +56,7 @@ class _Endpoint:
         comm.Barrier()  # rank 0's initial values are in place before any worker looks
 
     def _free(self) -> None:
-        for idiom in (self.theta_window, self.mailbox, self.stop, self.tickets):
+        for idiom in (self.theta_window, self.mailbox, self.stop, self.tickets, self.progress):
             idiom.free()
 
 
@@ -68,6 +69,11 @@ class MasterEndpoint(_Endpoint):
         self.theta = self.theta_window.data
         self.theta_window.set(theta0, version0)
         self._open(comm)
+
+    def idle_backoff(self, first: float = 20e-6, limit: float = 1e-3) -> Backoff:
+        """The back-off for rank 0's idle polling: it makes MPI progress before each sleep,
+        so workers' RMA on rank 0 completes on every stack (see :class:`Progress`)."""
+        return Backoff(first, limit, progress=self.progress)
 
     def ready(self) -> np.ndarray:
         """Slots with a message waiting, lowest ticket first."""

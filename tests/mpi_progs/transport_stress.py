@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from gem_mpi.transport import Backoff, start_mpi
+from gem_mpi.transport import start_mpi
 from gem_mpi.transport.endpoints import DONE, UPDATE, Layout, MasterEndpoint, WorkerEndpoint
 
 n_params, steps, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -23,7 +23,7 @@ layout = Layout(n_workers=size - 1, n_params=n_params, payload_floats=n_params)
 
 if rank == 0:
     ep = MasterEndpoint(comm, layout, np.zeros(n_params, np.float32))
-    log, done, version, back = [], 0, 0, Backoff(limit=1e-3)
+    log, done, version, back = [], 0, 0, ep.idle_backoff(first=50e-6, limit=1e-3)
     done_tickets = []
     while done < size - 1:
         ready = ep.ready()
@@ -40,6 +40,7 @@ if rank == 0:
                 ep.end_write(version)
                 if master_delay:
                     time.sleep(master_delay)
+                ep.progress()  # as the engine's master does between updates
                 log.append([msg.rank, msg.seq, msg.ticket, msg.version, version - 1, len(ready)])
             else:
                 assert msg.kind == DONE
