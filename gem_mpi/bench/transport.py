@@ -54,7 +54,8 @@ def bench_transport(sizes: list[int]) -> dict | None:
     if comm.Get_rank() != 0:
         return None
     return {"bench": "transport", "machine": _machine(),
-            "mpi": MPI.Get_library_version().splitlines()[0], "rows": rows}
+            "mpi": MPI.Get_library_version().replace("\0", "").splitlines()[0].strip(),
+            "rows": rows}
 
 
 def print_transport(result: dict) -> None:
