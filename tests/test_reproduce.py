@@ -108,6 +108,17 @@ def test_plan_lists_every_run_with_command_and_estimate(quick):
         full.stdout and "assumed rates" in full.stdout
 
 
+def test_seeds_selects_one_seed_and_refuses_an_unknown_one(tmp_path):
+    res = reproduce("--plan", "E1", "E6", "--seeds", "0", "--results", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    names = re.findall(r"^\[\d+/\d+\] (\S+):", res.stdout, re.MULTILINE)
+    assert names and all(n.endswith("-s0") for n in names)
+    assert names[0].startswith("e1-") and names[-1].startswith("e6-")
+    assert f"{len(names)} runs, 0 done" in res.stdout and len(names) == (48 + 30) // 3
+    bad = reproduce("--plan", "--seeds", "7", "--results", str(tmp_path))
+    assert bad.returncode == 2 and "no run has seed 7" in bad.stderr
+
+
 # A stand-in for the mpirun job: the first time it waits for SIGUSR1 and exits 3 (stopped
 # with a checkpoint); the next time it "finishes" by copying a finished metrics file.
 FAKE_JOB = """

@@ -3,6 +3,7 @@
     python -m gem_mpi.reproduce --plan            # every run, its command, an estimate
     python -m gem_mpi.reproduce all               # run E1–E8 one job at a time (resumable)
     python -m gem_mpi.reproduce E1 E3             # only these (E3 shows E1's runs)
+    python -m gem_mpi.reproduce all --seeds 0     # one seed of everything first, the rest later
     python -m gem_mpi.reproduce --report          # docs/results/ from results/*.h5
     python -m gem_mpi.reproduce --quick all --report --out /tmp/r   # the harness's own test
 
@@ -30,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="E1 … E8, or all (none with --plan: all)")
     p.add_argument("--plan", action="store_true", help="print every run with its command "
                    "and an estimated wall time, and run nothing")
+    p.add_argument("--seeds", type=int, nargs="+", metavar="SEED", help="only the runs with "
+                   "these seeds (default: every seed the budget has), so that one seed of "
+                   "every experiment can finish before the others start")
     p.add_argument("--report", action="store_true", help="write the pages from the results "
                    "(after running the experiments named, if any)")
     p.add_argument("--quick", action="store_true", help="tiny budgets (a few dozen steps per "
@@ -63,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("name the experiments to run (E1 … E8 or all), or pass --plan or "
                      "--report")
     runs = ex.select(exps, names)
+    if args.seeds is not None:
+        unknown_seeds = sorted(set(args.seeds) - set(budget.seeds))
+        if unknown_seeds:
+            parser.error(f"no run has seed {', '.join(map(str, unknown_seeds))}: the "
+                         f"{budget.name} budget's seeds are "
+                         f"{', '.join(map(str, budget.seeds))}")
+        runs = [r for r in runs if r.seed in args.seeds]
     if args.plan:
         print(runner.plan_text(runs, results, budget.log_every))
         return 0

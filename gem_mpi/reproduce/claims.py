@@ -381,6 +381,7 @@ def readme(res: Results, budget: ex.Budget) -> str:
         "```bash",
         "python -m gem_mpi.reproduce --plan      # every run, its command and an estimate",
         "python -m gem_mpi.reproduce all         # run (resumable: run it again to continue)",
+        "python -m gem_mpi.reproduce all --seeds 0   # or one seed of everything first",
         "python -m gem_mpi.reproduce --report    # these pages, from results/*.h5",
         "```", "",
         f"**{len(done)} of {len(every)} runs done**"
