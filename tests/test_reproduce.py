@@ -114,7 +114,7 @@ def test_seeds_selects_one_seed_and_refuses_an_unknown_one(tmp_path):
     names = re.findall(r"^\[\d+/\d+\] (\S+):", res.stdout, re.MULTILINE)
     assert names and all(n.endswith("-s0") for n in names)
     assert names[0].startswith("e1-") and names[-1].startswith("e6-")
-    assert f"{len(names)} runs, 0 done" in res.stdout and len(names) == (48 + 30) // 3
+    assert f"{len(names)} runs, 0 done" in res.stdout and len(names) == (48 + 39) // 3
     bad = reproduce("--plan", "--seeds", "7", "--results", str(tmp_path))
     assert bad.returncode == 2 and "no run has seed 7" in bad.stderr
 

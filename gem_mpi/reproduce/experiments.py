@@ -192,10 +192,14 @@ def _e4(b: Budget) -> tuple[Run, ...]:
     return tuple(runs)
 
 
+# both readings of GEM's shift here too: the default is chosen from E1 and E6
+E6_VARIANTS = (*E1_VARIANTS[:2], ("downpour", "downpour", ()), ("sync", "sync", ()))
+
+
 def _e6(b: Budget) -> tuple[Run, ...]:
     lr = 0.1
-    runs = [_run("E6", v, n, s, v, b, lr=lr)
-            for n in b.e6_ns for v in ("gem", "downpour", "sync") for s in b.seeds]
+    runs = [_run("E6", v, n, s, method, b, lr=lr, extra=extra)
+            for n in b.e6_ns for v, method, extra in E6_VARIANTS for s in b.seeds]
     # the paper's figure 6 also draws momentum SGD itself: one worker, one epoch
     runs += [_run("E6", "msgd", 1, s, "sync", b, lr=lr, ranks=1) for s in b.seeds]
     return tuple(runs)

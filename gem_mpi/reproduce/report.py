@@ -307,8 +307,9 @@ def _e6(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     plt = analysis.pyplot()
     runs = list(exp.runs)
     msgd = [r for r in runs if r.variant == "msgd"]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, v in zip(axes, ("gem", "downpour", "sync")):
+    variants = [v for v, _, _ in ex.E6_VARIANTS]
+    fig, axes = plt.subplots(1, len(variants), figsize=(4.3 * len(variants), 3.8))
+    for ax, v in zip(axes, variants):
         groups = group([r for r in runs if r.variant == v], lambda r: r.n)
         if v != "downpour":
             groups = {"msgd": msgd, **groups}
