@@ -33,6 +33,9 @@ LOOPBACK_TCP = ["--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
 STACKS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "openmpi-sm": ("mpirun", ["--oversubscribe", "--mca", "btl", "self,vader",
                               "--mca", "osc", "rdma"], {}),
+    # one node, Open MPI's shared-memory one-sided component: Get runs at memcpy speed
+    "openmpi-osc-sm": ("mpirun", ["--oversubscribe", "--mca", "btl", "self,vader",
+                                  "--mca", "osc", "sm"], {}),
     "openmpi-tcp": ("mpirun", ["--oversubscribe", "--mca", "pml", "ob1", *LOOPBACK_TCP,
                                "--mca", "osc", "pt2pt"], {}),
     "openmpi-ucx": ("mpirun", ["--oversubscribe", "--mca", "pml", "ucx", "--mca", "osc", "ucx",

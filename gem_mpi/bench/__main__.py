@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--methods", nargs="+", default=["gem", "downpour", "adaptive"])
     o.add_argument("--steps", type=int, default=600, help="steps per worker")
     o.add_argument("--ceiling-steps", type=int, default=300, help="steps per ceiling process")
+    o.add_argument("--shared-max", type=int, default=16, help="measure the time-shared "
+                   "ceiling (n plain processes at once) for n up to this many workers")
     o.add_argument("--model", default="mnist-cnn")
     o.add_argument("--dataset", default="fashion-mnist")
     o.add_argument("--batch-size", type=int, default=64)

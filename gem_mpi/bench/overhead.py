@@ -8,6 +8,10 @@ the same command. Where the time went comes from the run's own metrics file: eac
 split (compute, copying θ into the model, building the payload, commit, waiting for the
 application, back-off sleeps, pull, --straggler sleeps) and the master's (idle, kernel, MPI
 work, metrics); what no timer covers is printed as "other", so every row adds up to 100 %.
+
+With more workers than cores, part of the gap is the time-sharing itself, not gem_mpi: so for
+each n up to ``--shared-max`` the same plain loop also runs as n processes at once (no MPI,
+no master), and each row shows its ratio to that time-shared ceiling too.
 """
 
 from __future__ import annotations
@@ -75,7 +79,8 @@ def ceiling(options: dict, processes: int, steps: int) -> list[float]:
     return rates
 
 
-def _row(run: object, method: str, workers: int, job_s: float, ceiling_rate: float) -> dict:
+def _row(run: object, method: str, workers: int, job_s: float, ceiling_rate: float,
+         shared_rate: float | None) -> dict:
     summary, wt = run.summary, run.worker_time
     wall = summary["wall_s"]
     rate = summary["updates"] / wall
@@ -85,7 +90,9 @@ def _row(run: object, method: str, workers: int, job_s: float, ceiling_rate: flo
     master["other"] = 1.0 - sum(master.values())
     return {"method": method, "workers": workers, "updates": int(summary["updates"]),
             "wall_s": wall, "job_s": job_s, "updates_per_s": rate,
-            "ratio": rate / ceiling_rate, "worker_split": worker, "master_split": master}
+            "ratio": rate / ceiling_rate, "shared_ceiling": shared_rate,
+            "ratio_shared": rate / shared_rate if shared_rate else None,
+            "worker_split": worker, "master_split": master}
 
 
 def bench_overhead(args: argparse.Namespace) -> dict:
@@ -96,6 +103,8 @@ def bench_overhead(args: argparse.Namespace) -> dict:
     rows = []
     with tempfile.TemporaryDirectory(prefix="gem_overhead_") as out_dir:
         for n in args.workers:
+            shared = (float(sum(ceiling(options, n, args.ceiling_steps)))
+                      if n <= args.shared_max else None)
             for method in args.methods:
                 run, job_s = run_training(
                     args.mpirun, n + 1,
@@ -103,11 +112,11 @@ def bench_overhead(args: argparse.Namespace) -> dict:
                      "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
                      "--eval-every", "0", "--threads", "1", "--log-every", "60"],
                     os.path.join(out_dir, f"{method}_{n}.h5"), "overhead")
-                rows.append(_row(run, method, n, job_s, total))
+                rows.append(_row(run, method, n, job_s, total, shared))
     return {"bench": "overhead", "machine": _machine(), "model": args.model,
             "dataset": args.dataset, "batch_size": args.batch_size, "cores": cores,
             "ceiling_steps_per_s": total, "ceiling_each": rates, "steps": args.steps,
-            "rows": rows}
+            "shared_max": args.shared_max, "rows": rows}
 
 
 def print_overhead(result: dict) -> None:
@@ -117,14 +126,20 @@ def print_overhead(result: dict) -> None:
           "worker, no evaluation")
     print(f"ceiling: {result['cores']} plain momentum-SGD processes at once (one per core, no "
           f"MPI): {result['ceiling_steps_per_s']:.1f} steps/s ({each})")
-    print("ratio = applied updates/s over the master's wall time / ceiling; the splits are "
-          "shares of wall time (workers: mean over workers), 'other' is what no timer covers")
-    cols = ["method", "workers", "upd/s", "ratio", *(f"w:{k}" for k in WORKER_SPLIT),
+    print("ratio = applied updates/s over the master's wall time / ceiling; shared = the same "
+          "plain loop as n processes at once (time-shared, no MPI; measured up to n = "
+          f"{result['shared_max']}), vs shared = upd/s / shared; the splits are shares of wall "
+          "time (workers: mean over workers), 'other' is what no timer covers")
+    cols = ["method", "workers", "upd/s", "ratio", "shared", "vs shared",
+            *(f"w:{k}" for k in WORKER_SPLIT),
             "w:other", "m:idle", *(f"m:{k}" for k in MASTER_SPLIT[1:]), "m:other"]
     print(" ".join(f"{c:>9}" for c in cols))
     for r in result["rows"]:
         w, m = r["worker_split"], r["master_split"]
+        shared = r["shared_ceiling"]
         vals = [r["method"], r["workers"], f"{r['updates_per_s']:.1f}", f"{r['ratio']:.2f}",
+                f"{shared:.1f}" if shared else "–",
+                f"{r['ratio_shared']:.2f}" if shared else "–",
                 *(f"{100 * w[k]:.1f}%" for k in (*WORKER_SPLIT, "other")),
                 *(f"{100 * m[k]:.1f}%" for k in (*MASTER_SPLIT, "other"))]
         print(" ".join(f"{v!s:>9}" for v in vals))

@@ -76,7 +76,7 @@ def _gem_stable(variant: str) -> Callable[[Results], Verdict | None]:
         if k:
             return Verdict(ours, "no", f"{k} run(s) diverged")
         if len(ns) < 2:
-            return Verdict(ours, "not run yet", TOO_FEW)
+            return Verdict(ours, "too few runs yet", TOO_FEW)
         r = _ratio(st[ns[-1]].mean, st[ns[0]].mean)
         verdict = "yes" if r <= 2 else "partly"
         return Verdict(ours, verdict, f"no divergence; the final loss at n = {ns[-1]} is "
@@ -95,7 +95,7 @@ def _downpour(res: Results) -> Verdict | None:
     ours = (f"final training loss {_losses_text(st)}; diverged per n: "
             + ", ".join(f"{n}: {d}" for n, d in div.items()) + _done_note(res, runs))
     if len(ns) < 2:
-        return Verdict(ours, "not run yet", TOO_FEW)
+        return Verdict(ours, "too few runs yet", TOO_FEW)
     rule = "yes: more divergences at the largest n, or its final loss over 2× the smallest n's"
     if div[ns[-1]] > div[ns[0]] or r > 2:
         return Verdict(ours, "yes", f"final loss ratio {r:.2f}, divergences "
