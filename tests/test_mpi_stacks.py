@@ -227,3 +227,23 @@ def test_a_killed_worker_ends_the_job_and_the_resume_recovers(stack, tmp_path):
     pairs = Counter(zip(u["worker"].tolist(), u["seq"].tolist()))
     assert set(pairs) == {(w, s) for w in range(1, workers + 1) for s in range(steps)}
     assert max(pairs.values()) == 1
+
+
+def test_one_node_jobs_get_open_mpi_s_shared_memory_windows_unless_the_user_chose():
+    """start_mpi puts osc rdma's priority just below osc sm's (sm then serves any job on one
+    node, rdma still a job across nodes); a user's own --mca osc choice is left alone."""
+    prog = ("import os; from gem_mpi.transport import start_mpi; c = start_mpi(); "
+            "print(c.Get_rank(), os.environ.get('OMPI_MCA_osc_rdma_priority'), "
+            "os.environ.get('OMPI_MCA_osc'))")
+
+    def ranks_say(*options: str) -> set[str]:
+        res = subprocess.run(["mpirun", "-n", "2", "--oversubscribe", "--mca", "btl",
+                              "self,vader", *options, sys.executable, "-c", prog],
+                             capture_output=True, text=True, timeout=60, check=False,
+                             env=mpi_env(), cwd=str(REPO))
+        assert res.returncode == 0, res.stderr
+        return {ln.split(" ", 1)[1] for ln in res.stdout.splitlines()}
+
+    assert ranks_say() == {"99 None"}
+    assert ranks_say("--mca", "osc", "rdma") == {"None rdma"}
+    assert ranks_say("--mca", "osc_rdma_priority", "101") == {"101 None"}

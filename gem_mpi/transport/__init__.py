@@ -8,6 +8,7 @@ level the run needs.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -28,8 +29,23 @@ def start_mpi(thread_level: str = "funneled") -> MPI.Intracomm:
     windows under MULTIPLE. MULTIPLE for ``--method sync``, whose Horovod thread calls MPI
     beside the main thread."""
     if not MPI.Is_initialized():
+        prefer_shared_memory_windows()
         MPI.Init_thread(THREAD_LEVELS[thread_level])
     return MPI.COMM_WORLD
+
+
+# Open MPI's one-sided component "rdma" has priority 101, "sm" 100 (offered only when every
+# rank of the window is on one node). Over shared memory, sm's Get is a memcpy from the
+# segment, about 15 times rdma's here (docs/ARCHITECTURE.md, "What each stack costs").
+OSC_RDMA_PRIORITY = "99"
+
+
+def prefer_shared_memory_windows() -> None:
+    """Before MPI starts: unless the user chose a component (``--mca osc ...``, which mpirun
+    passes on as OMPI_MCA_osc) or rdma's priority, put rdma just below sm, so that a job on
+    one node gets sm and a job across nodes rdma as before. Other MPIs ignore the variable."""
+    if "OMPI_MCA_osc" not in os.environ:
+        os.environ.setdefault("OMPI_MCA_osc_rdma_priority", OSC_RDMA_PRIORITY)
 
 
 class Backoff:
