@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--model", default="mnist-cnn")
     o.add_argument("--dataset", default="fashion-mnist")
     o.add_argument("--batch-size", type=int, default=64)
-    o.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
-                   help="launcher command line (one node)")
+    o.add_argument("--mpirun", nargs="+", default=["mpirun --oversubscribe --mca btl self,vader"],
+                   help="launcher command line(s) (one node); with several, every run is made "
+                   "with each, side by side against the same ceiling")
     for p in (k, m, t, c, o):
         p.add_argument("--json", help="write the results to this file too")
     args = parser.parse_args(argv)

@@ -106,17 +106,18 @@ def bench_overhead(args: argparse.Namespace) -> dict:
             shared = (float(sum(ceiling(options, n, args.ceiling_steps)))
                       if n <= args.shared_max else None)
             for method in args.methods:
-                run, job_s = run_training(
-                    args.mpirun, n + 1,
-                    ["--method", method, "--model", args.model, "--dataset", args.dataset,
-                     "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
-                     "--eval-every", "0", "--threads", "1", "--log-every", "60"],
-                    os.path.join(out_dir, f"{method}_{n}.h5"), "overhead")
-                rows.append(_row(run, method, n, job_s, total, shared))
+                for via, mpirun in enumerate(args.mpirun, 1):
+                    run, job_s = run_training(
+                        mpirun, n + 1,
+                        ["--method", method, "--model", args.model, "--dataset", args.dataset,
+                         "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
+                         "--eval-every", "0", "--threads", "1", "--log-every", "60"],
+                        os.path.join(out_dir, f"{method}_{n}_{via}.h5"), "overhead")
+                    rows.append({"via": via, **_row(run, method, n, job_s, total, shared)})
     return {"bench": "overhead", "machine": _machine(), "model": args.model,
             "dataset": args.dataset, "batch_size": args.batch_size, "cores": cores,
             "ceiling_steps_per_s": total, "ceiling_each": rates, "steps": args.steps,
-            "shared_max": args.shared_max, "rows": rows}
+            "shared_max": args.shared_max, "launchers": args.mpirun, "rows": rows}
 
 
 def print_overhead(result: dict) -> None:
@@ -130,14 +131,17 @@ def print_overhead(result: dict) -> None:
           "plain loop as n processes at once (time-shared, no MPI; measured up to n = "
           f"{result['shared_max']}), vs shared = upd/s / shared; the splits are shares of wall "
           "time (workers: mean over workers), 'other' is what no timer covers")
-    cols = ["method", "workers", "upd/s", "ratio", "shared", "vs shared",
+    for via, launcher in enumerate(result["launchers"], 1):
+        print(f"via {via}: {launcher}")
+    cols = ["method", "workers", "via", "upd/s", "ratio", "shared", "vs shared",
             *(f"w:{k}" for k in WORKER_SPLIT),
             "w:other", "m:idle", *(f"m:{k}" for k in MASTER_SPLIT[1:]), "m:other"]
     print(" ".join(f"{c:>9}" for c in cols))
     for r in result["rows"]:
         w, m = r["worker_split"], r["master_split"]
         shared = r["shared_ceiling"]
-        vals = [r["method"], r["workers"], f"{r['updates_per_s']:.1f}", f"{r['ratio']:.2f}",
+        vals = [r["method"], r["workers"], r["via"], f"{r['updates_per_s']:.1f}",
+                f"{r['ratio']:.2f}",
                 f"{shared:.1f}" if shared else "–",
                 f"{r['ratio_shared']:.2f}" if shared else "–",
                 *(f"{100 * w[k]:.1f}%" for k in (*WORKER_SPLIT, "other")),
