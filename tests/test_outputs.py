@@ -90,9 +90,10 @@ def test_disk_full_while_writing_metrics_is_one_line_and_a_readable_file(small_f
     if "was removed" in line:
         assert not h5.exists()
     else:  # cut back to the rows that reached the disk: no row of zeros read back as data
+        # (none may have: with osc sm the first 2-second flush can outgrow the 1 MB)
         run = load_run(h5)
         n = run.updates["clock"].size
-        assert n > 0 and np.array_equal(run.updates["clock"], np.arange(n))
+        assert np.array_equal(run.updates["clock"], np.arange(n))
         assert np.all(run.updates["worker"] > 0)
     assert checkpoint.latest(str(ck)) is not None
 
