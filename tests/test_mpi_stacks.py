@@ -232,9 +232,11 @@ def test_a_killed_worker_ends_the_job_and_the_resume_recovers(stack, tmp_path):
 def test_one_node_jobs_get_open_mpi_s_shared_memory_windows_unless_the_user_chose():
     """start_mpi puts osc rdma's priority just below osc sm's (sm then serves any job on one
     node, rdma still a job across nodes); a user's own --mca osc choice is left alone."""
+    # Rank 0 prints every rank's view in one line: two ranks printing at once may interleave.
     prog = ("import os; from gem_mpi.transport import start_mpi; c = start_mpi(); "
-            "print(c.Get_rank(), os.environ.get('OMPI_MCA_osc_rdma_priority'), "
-            "os.environ.get('OMPI_MCA_osc'))")
+            "seen = c.gather(f\"{os.environ.get('OMPI_MCA_osc_rdma_priority')} "
+            "{os.environ.get('OMPI_MCA_osc')}\"); "
+            "c.Get_rank() == 0 and print('|'.join(seen))")
 
     def ranks_say(*options: str) -> set[str]:
         res = subprocess.run(["mpirun", "-n", "2", "--oversubscribe", "--mca", "btl",
@@ -242,7 +244,9 @@ def test_one_node_jobs_get_open_mpi_s_shared_memory_windows_unless_the_user_chos
                              capture_output=True, text=True, timeout=60, check=False,
                              env=mpi_env(), cwd=str(REPO))
         assert res.returncode == 0, res.stderr
-        return {ln.split(" ", 1)[1] for ln in res.stdout.splitlines()}
+        seen = res.stdout.strip().split("|")
+        assert len(seen) == 2, res.stdout
+        return set(seen)
 
     assert ranks_say() == {"99 None"}
     assert ranks_say("--mca", "osc", "rdma") == {"None rdma"}
