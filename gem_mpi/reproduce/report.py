@@ -344,11 +344,10 @@ def _e7(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
 def _e8(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     plt = analysis.pyplot()
     lines, rows = [], []
-    for run in exp.runs:
-        d = res.data(run)
-        if d is None:
-            rows.append([run.name, "not run yet"] + ["–"] * 6)
-            continue
+    gem = next(r for r in exp.runs if r.variant == "gem")
+    msgd = [r for r in exp.runs if r.variant == "msgd"]
+    d = res.data(gem)
+    if d is not None:
         heat = analysis.pi_heatmap(d)
         fig, (a, b) = plt.subplots(1, 2, figsize=(12, 3.8),
                                    gridspec_kw={"width_ratios": [2, 1]})
@@ -359,13 +358,21 @@ def _e8(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
             fig.colorbar(im, ax=a, label="median π")
             a.set(xlabel="master updates", ylabel="tensor", title="median π per tensor")
             a.grid(False)
-        loss = d.col("loss")
-        b.plot(np.arange(loss.size), analysis.smooth(loss), lw=1)
-        b.set(xlabel="master updates", ylabel="training loss (smoothed)",
-              title="training loss")
-        lines += _figure(out, "E8.png", fig, f"AlexNet, {run.workers} workers, b = "
-                         f"{run.batch}: per-tensor median π over the master's updates (the "
-                         "paper's figures 9 and 10) and the training loss (figure 7)")
+        _curves(b, res, {"gem": [gem], "msgd": msgd},
+                lambda k: f"GEM, {gem.workers} workers" if k == "gem"
+                else "momentum SGD (1 rank)")
+        b.set_title("training loss")
+        lines += _figure(out, "E8.png", fig, f"AlexNet, {gem.workers} workers, b = "
+                         f"{gem.batch}: per-tensor median π over the master's updates (the "
+                         "paper's figures 9 and 10), and the training loss per worker step "
+                         "(figure 7) beside that of momentum SGD, the proxy GEM matches, "
+                         "with the same η, μ and b")
+        lines += ["Tensors, bottom to top: " + ", ".join(
+            f"{i} `{t}`" for i, t in enumerate(d.tensor_names)) + ".", ""]
+    for run in exp.runs:
+        if res.data(run) is None:
+            rows.append([run.name, "not run yet"] + ["–"] * 6)
+            continue
         n = res.numbers(run)
         mem = (res.record(run) or {}).get("memory") or {}
         rows.append([run.name, "diverged" if n.diverged else "finished", str(n.updates),
@@ -374,8 +381,6 @@ def _e8(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                      f"{mem['peak_tree_pss_mb'] / 1024:.1f} GB" if mem else "–",
                      f"{mem['mean_rank_pss_mb']} MB / {mem['max_rank_pss_mb']} MB"
                      if mem else "–"])
-        lines += ["Tensors, bottom to top: " + ", ".join(
-            f"{i} `{t}`" for i, t in enumerate(d.tensor_names)) + ".", ""]
     return lines + md_table(["run", "status", "updates", "master wall s",
                            "training loss first → last", "test accuracy (val/)",
                            "peak memory of the job (PSS)", "per rank: mean / largest"], rows)

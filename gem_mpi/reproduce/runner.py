@@ -52,7 +52,8 @@ TORCH_RANK_GB, CPU_TORCH_RANK_GB = 0.3, 0.21
 # whole job (docs/PERFORMANCE.md, and 1-rank sync measured at 47 steps/s of b 64), and the
 # job's start-up (about 2 s per rank: docs/SCALE.md). Finished runs correct them.
 ASSUMED_RATE = {("mnist-cnn", "async"): 6000.0, ("mnist-cnn", "sync"): 4500.0,
-                ("mnist-cnn", "sync1"): 3000.0, ("alexnet", "async"): 19.0}
+                ("mnist-cnn", "sync1"): 3000.0, ("alexnet", "async"): 19.0,
+                ("alexnet", "sync1"): 20.0}
 
 
 def rate_key(run: ex.Run) -> tuple[str, str]:
