@@ -153,7 +153,8 @@ def _run(exp: str, variant: str, n: int, seed: int, method: str, b: Budget, *,
                "--kappa", _fmt(kappa), "--batch-size", str(batch), "--epochs", str(epochs),
                *(("--max-steps", str(steps)) if b.max_steps else ()),
                "--seed", str(seed), "--eval-every", str(eval_every), *extra)
-    k = f"-k{_fmt(kappa)}" if exp == "E7" else ""
+    k = f"-k{_fmt(kappa)}" if exp == "E7" else f"-lr{_fmt(lr)}" if exp == "E8" and lr != 0.05 \
+        else ""
     name = f"{exp.lower()}-{variant}{k}-n{n:03d}-s{seed}"
     return Run(name=name, experiment=exp, variant=variant, n=n, seed=seed, method=method,
                ranks=ranks, batch=batch, steps=steps, options=options, model=model,
@@ -211,17 +212,22 @@ def _e7(b: Budget) -> tuple[Run, ...]:
                  for k in b.e7_kappas for s in b.seeds)
 
 
+# E8's learning rates: the MNIST setting's, then AlexNet's own (Krizhevsky et al. 2012), added
+# after GEM and momentum SGD both diverged at the first
+E8_LRS = (0.05, 0.01)
+
+
 def _e8(b: Budget, data_dir: str) -> tuple[Run, ...]:
     """GEM with n workers, and the proxy it matches (momentum SGD on one rank, the same η,
-    μ and b, as many steps as one worker makes): whether the setting trains AlexNet at all
-    tells a failure of GEM from a failure of the setting."""
+    μ and b, as many steps as one worker makes), at each η: whether the setting trains
+    AlexNet at all tells a failure of GEM from a failure of the setting."""
     steps_per_epoch = b.e8_folder.train_images // b.e8_batch
     run = partial(_run, batch=b.e8_batch, model="alexnet", epochs=b.e8_epochs,
                   steps_per_epoch=steps_per_epoch,
                   data=("--dataset", "imagenet", "--data-dir", data_dir))
-    return tuple(r for s in b.seeds[:1] for r in (
-        run("E8", "gem", b.e8_n, s, "gem", b, memwatch=True),
-        run("E8", "msgd", 1, s, "sync", b, ranks=1)))
+    return tuple(r for lr in E8_LRS for s in b.seeds[:1] for r in (
+        run("E8", "gem", b.e8_n, s, "gem", b, lr=lr, memwatch=True),
+        run("E8", "msgd", 1, s, "sync", b, lr=lr, ranks=1)))
 
 
 def imagefolder_dir(results: str) -> str:

@@ -170,18 +170,20 @@ def _e3(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     ax = axes[-1]
     rows = []
     for v in readings:
-        st = [stat(res, [r for r in runs if r.variant == v and r.n == n], "median_pi",
-                   finished_only=False) for n in ns]
+        at = [[r for r in runs if r.variant == v and r.n == n] for n in ns]
+        st = [stat(res, rs, "median_pi", finished_only=False) for rs in at]
+        cut = [stat(res, rs, "clamped", finished_only=False) for rs in at]
         ax.errorbar(ns, [s.mean for s in st], yerr=[0 if math.isnan(s.sd) else s.sd
                                                     for s in st], marker="o", label=v)
-        rows += [[v, str(n), s.text()] for n, s in zip(ns, st)]
+        rows += [[v, str(n), s.text(), c.text()] for n, s, c in zip(ns, st, cut)]
     ax.set(xlabel="asynchronous workers", ylabel="median π over the run",
            title="median π against n")
     ax.legend()
     lines = _figure(out, "E3.png", fig, "Median per-parameter π per worker step (mean over "
                     "seeds, smoothed) for each n, and its level over the whole run: the "
                     "paper's figure 3")
-    return lines + md_table(["GEM reading", "n", "median π over all updates"], rows)
+    return lines + md_table(["GEM reading", "n", "median π over all updates",
+                           "share of π clamped to 0 or π_max"], rows)
 
 
 def e4_target(res: Results, runs: list[ex.Run]) -> float:
@@ -344,44 +346,51 @@ def _e7(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
 def _e8(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     plt = analysis.pyplot()
     lines, rows = [], []
-    gem = next(r for r in exp.runs if r.variant == "gem")
-    msgd = [r for r in exp.runs if r.variant == "msgd"]
-    d = res.data(gem)
-    if d is not None:
-        heat = analysis.pi_heatmap(d)
-        fig, (a, b) = plt.subplots(1, 2, figsize=(12, 3.8),
-                                   gridspec_kw={"width_ratios": [2, 1]})
+    lrs = sorted({r.lr for r in exp.runs}, reverse=True)
+    fig, axes = plt.subplots(len(lrs), 2, figsize=(12, 3.8 * len(lrs)), squeeze=False,
+                             gridspec_kw={"width_ratios": [2, 1]})
+    names: tuple[str, ...] = ()
+    for (a, b), lr in zip(axes, lrs):
+        gem = next(r for r in exp.runs if r.variant == "gem" and r.lr == lr)
+        msgd = [r for r in exp.runs if r.variant == "msgd" and r.lr == lr]
+        d = res.data(gem)
+        heat = analysis.pi_heatmap(d) if d is not None else None
         if heat is not None:
             cells, edges = heat
             im = a.imshow(cells, aspect="auto", interpolation="nearest", origin="lower",
                           extent=(edges[0], edges[-1], -0.5, cells.shape[0] - 0.5))
             fig.colorbar(im, ax=a, label="median π")
-            a.set(xlabel="master updates", ylabel="tensor", title="median π per tensor")
             a.grid(False)
+            names = d.tensor_names
+        a.set(xlabel="master updates", ylabel="tensor",
+              title=f"η = {lr:g}: median π per tensor" + ("" if d else " (not run yet)"))
         _curves(b, res, {"gem": [gem], "msgd": msgd},
-                lambda k: f"GEM, {gem.workers} workers" if k == "gem"
+                lambda k, gem=gem: f"GEM, {gem.workers} workers" if k == "gem"
                 else "momentum SGD (1 rank)")
-        b.set_title("training loss")
-        lines += _figure(out, "E8.png", fig, f"AlexNet, {gem.workers} workers, b = "
-                         f"{gem.batch}: per-tensor median π over the master's updates (the "
-                         "paper's figures 9 and 10), and the training loss per worker step "
-                         "(figure 7) beside that of momentum SGD, the proxy GEM matches, "
-                         "with the same η, μ and b")
+        b.set_title(f"η = {lr:g}: training loss")
+    gem = exp.runs[0]
+    lines += _figure(out, "E8.png", fig, f"AlexNet, {gem.workers} workers, b = {gem.batch}, "
+                     "at each η: per-tensor median π over the master's updates (the paper's "
+                     "figures 9 and 10), and the training loss per worker step (figure 7) "
+                     "beside that of momentum SGD, the proxy GEM matches, with the same η, "
+                     "μ and b")
+    if names:
         lines += ["Tensors, bottom to top: " + ", ".join(
-            f"{i} `{t}`" for i, t in enumerate(d.tensor_names)) + ".", ""]
+            f"{i} `{t}`" for i, t in enumerate(names)) + ".", ""]
     for run in exp.runs:
         if res.data(run) is None:
-            rows.append([run.name, "not run yet"] + ["–"] * 6)
+            rows.append([run.name, f"{run.lr:g}", "not run yet"] + ["–"] * 6)
             continue
         n = res.numbers(run)
         mem = (res.record(run) or {}).get("memory") or {}
-        rows.append([run.name, "diverged" if n.diverged else "finished", str(n.updates),
-                     _num(n.wall_s, ".0f"), f"{_num(n.initial_loss)} → {_num(n.final_loss)}",
+        rows.append([run.name, f"{run.lr:g}", "diverged" if n.diverged else "finished",
+                     str(n.updates), _num(n.wall_s, ".0f"),
+                     f"{_num(n.initial_loss)} → {_num(n.final_loss)}",
                      _num(100 * n.test_accuracy, ".2f") + " %",
                      f"{mem['peak_tree_pss_mb'] / 1024:.1f} GB" if mem else "–",
                      f"{mem['mean_rank_pss_mb']} MB / {mem['max_rank_pss_mb']} MB"
                      if mem else "–"])
-    return lines + md_table(["run", "status", "updates", "master wall s",
+    return lines + md_table(["run", "η", "status", "updates", "master wall s",
                            "training loss first → last", "test accuracy (val/)",
                            "peak memory of the job (PSS)", "per rank: mean / largest"], rows)
 

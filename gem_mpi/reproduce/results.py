@@ -30,6 +30,7 @@ class Numbers:
     test_loss: float
     test_accuracy: float
     median_pi: float  # NaN for methods without π
+    clamped: float  # share of π cut to 0 or π_max (NaN for methods without π)
     wall_s: float  # the master's training time
     job_s: float  # the whole job, start-up and resumes included (the record's)
     updates: int
@@ -74,7 +75,8 @@ class Results:
         record = self.record(run) or {}
         return Numbers(analysis.diverged(d), analysis.initial_train_loss(d),
                        analysis.final_train_loss(d), test.loss, test.accuracy,
-                       analysis.run_median_pi(d), analysis.wall_seconds(d),
+                       analysis.run_median_pi(d), analysis.run_clamped_share(d),
+                       analysis.wall_seconds(d),
                        float(record.get("wall_s", math.nan)), analysis.applied_updates(d))
 
 
