@@ -74,7 +74,7 @@ def test_report_pages_figures_and_claims(quick, tmp_path):
             assert re.search(r"`[0-9a-f]{64}`", page), e  # sha256 of each HDF5 file
             assert "mpirun -n" in page and "gem_mpi.train" in page, e
     # E8 draws GEM beside its proxy with the same setting, to tell GEM's failure from the setting's
-    assert "| e8-msgd-n001-s0 | finished |" in (out / "E8.md").read_text()
+    assert "| e8-msgd-n001-s0 | 0.05 | finished |" in (out / "E8.md").read_text()
     assert "| share of π clamped to 0 or π_max |" in (out / "E3.md").read_text()
     readme = (out / "README.md").read_text()
     assert "momentum SGD (1 rank, the same η, μ, b): loss" in readme
