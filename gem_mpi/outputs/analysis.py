@@ -594,17 +594,6 @@ def run_median_pi(run: Run) -> float:
     return float(np.nanmedian(pi))
 
 
-def run_clamped_share(run: Run) -> float:
-    """The share of π values the clamp cut to 0 or π_max, over all parameters and updates:
-    a median π of 0 says only that over half were cut, this says how many (figure 3)."""
-    frac = run.col("clamp_frac")
-    if frac is None or frac.size == 0:
-        return math.nan
-    frac = frac.reshape(frac.shape[0], -1).astype(np.float64)
-    w = _tensor_weights(run.tensor_sizes, frac.shape[1])
-    return float(np.nanmean(frac @ (w / w.sum())))
-
-
 def loss_by_epoch(run: Run, epoch_samples: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(data epochs 1..E, mean worker mini-batch loss within each): training loss per pass
     over ``epoch_samples`` samples, counted over all workers (figure 5)."""

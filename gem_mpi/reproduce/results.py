@@ -75,7 +75,7 @@ class Results:
         record = self.record(run) or {}
         return Numbers(analysis.diverged(d), analysis.initial_train_loss(d),
                        analysis.final_train_loss(d), test.loss, test.accuracy,
-                       analysis.run_median_pi(d), analysis.run_clamped_share(d),
+                       analysis.run_median_pi(d), analysis.clamped_share(d),
                        analysis.wall_seconds(d),
                        float(record.get("wall_s", math.nan)), analysis.applied_updates(d))
 
