@@ -76,6 +76,8 @@ def test_report_pages_figures_and_claims(quick, tmp_path):
     # E8 draws GEM beside its proxy with the same setting, to tell GEM's failure from the setting's
     assert "| e8-msgd-n001-s0 | 0.05 | finished |" in (out / "E8.md").read_text()
     assert "| share of π clamped to 0 or π_max |" in (out / "E3.md").read_text()
+    # the runs' commits are checked against HEAD: they describe the code users get
+    assert "is the same at each of them as at" in (out / "E1.md").read_text()
     readme = (out / "README.md").read_text()
     assert "momentum SGD (1 rank, the same η, μ, b): loss" in readme
     claims = readme.split("## Claims")[1].split("## Deviations")[0]
@@ -87,6 +89,14 @@ def test_report_pages_figures_and_claims(quick, tmp_path):
         assert re.search(r"\d\.\d", cells[3]), row  # real numbers, from the runs
     assert "not run yet" not in claims
     assert "Fashion-MNIST" in readme and "the quick budget" in readme
+
+
+def test_code_changed_since_tells_runs_of_older_code_apart():
+    head, changed = runner.code_changed_since(["HEAD"])
+    assert re.fullmatch(r"[0-9a-f]{12}", head) and changed == []
+    root = subprocess.run(["git", "-C", str(REPO), "rev-list", "--max-parents=0", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.split()[0]
+    assert runner.code_changed_since([root, "HEAD"]) == (head, [root])
 
 
 def test_second_invocation_skips_finished_runs(quick):

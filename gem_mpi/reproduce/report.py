@@ -428,7 +428,8 @@ def _provenance(res: Results, exp: ex.Experiment, budget: ex.Budget) -> list[str
                                                      if record.get("git_dirty") else ""))
     ran = (f"Wall time of the jobs (start-up, resumes and evaluation included): "
            f"{runner.fmt_s(job_s)} in all. Machine: {'; '.join(sorted(machines))}. "
-           f"Commit: {', '.join(sorted(commits))}.") if machines else "Nothing run yet."
+           f"Commit: {', '.join(sorted(commits))}.{_same_code(commits)}"
+           ) if machines else "Nothing run yet."
     lines = ["## Runs", "", ran, ""]
     lines += md_table(["run", "status", "attempts", "job wall s", "HDF5 sha256", "bytes"], rows)
     lines += ["", ("Commands, exactly as run (from the directory in each run's record, with "
@@ -459,3 +460,19 @@ def write_pages(res: Results, budget: ex.Budget, out: Path) -> list[Path]:
         path.write_text(page(res, exp, budget, out))
         paths.append(path)
     return paths
+
+
+def _same_code(commits: set[str]) -> str:
+    """Whether the runs' commits still hold the code users get (HEAD's)."""
+    known = sorted(c.split()[0] for c in commits)
+    verdict = runner.code_changed_since(known) if known else None
+    if verdict is None:
+        return ""
+    head, changed = verdict
+    paths = " ".join(p for p in runner.RUN_CODE if not p.startswith(":"))
+    if not changed:
+        return (f" The code a run executes ({paths}; the harness, benchmarks and analysis excluded) "
+                f"is the same at each of them as at {head}, the commit these pages were "
+                "made from.")
+    return (f" The code a run executes ({paths}) has changed since {', '.join(changed)}: "
+            f"those runs do not describe {head}'s code.")

@@ -206,6 +206,37 @@ def git_state() -> dict[str, object]:
     return {"commit": commit, "dirty": dirty}
 
 
+#: What a run executes: the package without the harness, the benchmarks and the offline
+#: analysis, and the extension.
+RUN_CODE = ("gem_mpi", "csrc", "CMakeLists.txt", "setup.py", ":(exclude)gem_mpi/reproduce",
+            ":(exclude)gem_mpi/bench", ":(exclude)gem_mpi/outputs/analysis.py")
+
+
+def code_changed_since(commits: list[str]) -> tuple[str, list[str]] | None:
+    """HEAD and the commits whose run code differs from it; None when git cannot tell.
+
+    Runs made over several sessions carry several commits: this says whether they
+    still describe the code users get.
+    """
+    def git(*args: str) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True,
+                                  text=True, check=False, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+    head = git("rev-parse", "--short=12", "HEAD")
+    if head is None or head.returncode != 0:
+        return None
+    changed = []
+    for commit in commits:
+        diff = git("diff", "--quiet", commit, "HEAD", "--", *RUN_CODE)
+        if diff is None or diff.returncode not in (0, 1):
+            return None
+        if diff.returncode == 1:
+            changed.append(commit)
+    return head.stdout.strip(), changed
+
+
 def machine() -> str:
     """CPU, cores, memory, OS and MPI: what the wall times depend on."""
     cpu = platform.processor() or platform.machine()
