@@ -21,6 +21,7 @@ from conftest import REPO, mpi_env
 
 from gem_mpi.reproduce import experiments as ex
 from gem_mpi.reproduce import runner
+from gem_mpi.reproduce.report import _same_code
 
 EXPERIMENTS = [f"E{i}" for i in range(1, 9)]
 QUICK_RUNS = len(ex.select(ex.experiments(ex.quick_budget(), "r"), EXPERIMENTS))
@@ -76,8 +77,10 @@ def test_report_pages_figures_and_claims(quick, tmp_path):
     # E8 draws GEM beside its proxy with the same setting, to tell GEM's failure from the setting's
     assert "| e8-msgd-n001-s0 | 0.05 | finished |" in (out / "E8.md").read_text()
     assert "| share of π clamped to 0 or π_max |" in (out / "E3.md").read_text()
-    # the runs' commits are checked against HEAD: they describe the code users get
-    assert "is the same at each of them as at" in (out / "E1.md").read_text()
+    # the runs' commits are checked against HEAD: they describe the code users get (or, run
+    # from a checkout with uncommitted changes, the page says that cannot be checked)
+    assert ("were made with uncommitted changes" if runner.git_state()["dirty"] else
+            "is the same at each of them as at") in (out / "E1.md").read_text()
     readme = (out / "README.md").read_text()
     assert "momentum SGD (1 rank, the same η, μ, b): loss" in readme
     claims = readme.split("## Claims")[1].split("## Deviations")[0]
@@ -97,6 +100,9 @@ def test_code_changed_since_tells_runs_of_older_code_apart():
     root = subprocess.run(["git", "-C", str(REPO), "rev-list", "--max-parents=0", "HEAD"],
                           capture_output=True, text=True, check=True).stdout.split()[0]
     assert runner.code_changed_since([root, "HEAD"]) == (head, [root])
+    assert "is the same at each of them as at" in _same_code({head})
+    assert f"has changed since {root}" in _same_code({head, root})
+    assert "cannot be checked" in _same_code({f"{head} (uncommitted changes)"})
 
 
 def test_second_invocation_skips_finished_runs(quick):

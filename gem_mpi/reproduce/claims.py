@@ -85,7 +85,6 @@ def _gem_stable(variant: str) -> Callable[[Results], Verdict | None]:
     return judge
 
 
-E8_FIRST_LR = ex.E8_LRS[0]
 CHANCE_LOSS = math.log(10)  # the training loss of a uniform guess over 10 classes
 
 
@@ -308,7 +307,7 @@ def _alexnet(res: Results) -> Verdict | None:
     if not texts:
         return None
     ours = "; ".join(texts) + _done_note(res, runs)
-    first = E8_FIRST_LR
+    first = ex.E8_LRS[0]
     why_first = (f"at η = {first:g} (the MNIST setting's) momentum SGD, the proxy GEM matches, "
                  "diverged too: that setting does not train AlexNet here, with or without GEM"
                  if first in proxy_fails else "")
@@ -422,8 +421,8 @@ def deviations(res: Results, budget: ex.Budget) -> list[list[str]]:
         ["validation (E5)", "a validation set", ("the test split (10 000 images), twice per "
          "data epoch"), "gem_mpi evaluates the central variable on the test split"],
         ["GEM's shift", "Algorithm 1 as printed", ("both readings in E1 (and E3) and E6; the other "
-         f"GEM runs use: {_shifts(res)}"), (f"the default (`{OptimConfig().gem_shift}`) was chosen from E1 and E6: "
-         "docs/ARCHITECTURE.md says why")],
+         f"GEM runs use: {_shifts(res)}"), (f"the default (`{OptimConfig().gem_shift}`) was "
+         "chosen from E1 and E6: docs/ARCHITECTURE.md says why")],
     ]
     return rows
 

@@ -464,15 +464,18 @@ def write_pages(res: Results, budget: ex.Budget, out: Path) -> list[Path]:
 
 def _same_code(commits: set[str]) -> str:
     """Whether the runs' commits still hold the code users get (HEAD's)."""
-    known = sorted(c.split()[0] for c in commits)
-    verdict = runner.code_changed_since(known) if known else None
-    if verdict is None:
+    dirty = sorted(c.split()[0] for c in commits if " " in c)
+    verdict = runner.code_changed_since(sorted(c.split()[0] for c in commits))
+    if verdict is None or not commits:
         return ""
     head, changed = verdict
     paths = " ".join(p for p in runner.RUN_CODE if not p.startswith(":"))
-    if not changed:
-        return (f" The code a run executes ({paths}; the harness, benchmarks and analysis excluded) "
-                f"is the same at each of them as at {head}, the commit these pages were "
-                "made from.")
-    return (f" The code a run executes ({paths}) has changed since {', '.join(changed)}: "
-            f"those runs do not describe {head}'s code.")
+    if dirty:
+        return (f" Runs at {', '.join(dirty)} were made with uncommitted changes: whether "
+                f"they describe {head}'s code cannot be checked.")
+    if changed:
+        return (f" The code a run executes ({paths}) has changed since {', '.join(changed)}: "
+                f"those runs do not describe {head}'s code.")
+    return (f" The code a run executes ({paths}; the harness, benchmarks and analysis "
+            f"excluded) is the same at each of them as at {head}, the commit these pages "
+            "were made from.")

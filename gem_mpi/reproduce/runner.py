@@ -194,15 +194,21 @@ def why_not_here(run: ex.Run) -> str:
 
 # --- provenance -----------------------------------------------------------------------------
 
+def _git(*args: str) -> subprocess.CompletedProcess[str] | None:
+    """One git command in the checkout; None when git cannot run."""
+    try:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True,
+                              text=True, check=False, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def git_state() -> dict[str, object]:
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True,
-                                  text=True, check=False, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    commit = git("rev-parse", "HEAD") or "unknown"
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    def out(*args: str) -> str:
+        done = _git(*args)
+        return done.stdout.strip() if done is not None else ""
+    commit = out("rev-parse", "HEAD") or "unknown"
+    dirty = bool(out("status", "--porcelain", "--untracked-files=no"))
     return {"commit": commit, "dirty": dirty}
 
 
@@ -218,18 +224,12 @@ def code_changed_since(commits: list[str]) -> tuple[str, list[str]] | None:
     Runs made over several sessions carry several commits: this says whether they
     still describe the code users get.
     """
-    def git(*args: str) -> subprocess.CompletedProcess[str] | None:
-        try:
-            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True,
-                                  text=True, check=False, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            return None
-    head = git("rev-parse", "--short=12", "HEAD")
+    head = _git("rev-parse", "--short=12", "HEAD")
     if head is None or head.returncode != 0:
         return None
     changed = []
     for commit in commits:
-        diff = git("diff", "--quiet", commit, "HEAD", "--", *RUN_CODE)
+        diff = _git("diff", "--quiet", commit, "HEAD", "--", *RUN_CODE)
         if diff is None or diff.returncode not in (0, 1):
             return None
         if diff.returncode == 1:
