@@ -37,16 +37,34 @@ GEM_SHIFTS = (SHIFT_OTHERS, SHIFT_PAPER)
 Check = tuple[Callable[[Any], bool], str]  # (is it valid?, what "must be" says otherwise)
 
 
+def _float32(v: float) -> np.float32:
+    """``v`` as the kernel and the workers compute with it: float32 (NaN stays NaN, a value
+    beyond float32's range becomes inf, one below its smallest subnormal 0)."""
+    with np.errstate(over="ignore"):
+        return np.float32(v)
+
+
 def _float32_positive(v: float) -> bool:
     """Positive and finite once cast to the float32 the kernel computes in."""
-    with np.errstate(over="ignore"):
-        x = np.float32(v)
+    x = _float32(v)
     return bool(np.isfinite(x) and x > 0)
+
+
+def _float32_fraction(v: float) -> bool:
+    """In [0, 1) once cast to float32: 0.99999999 is 1.0 there, a momentum that never decays."""
+    return bool(0 <= v and _float32(v) < 1)
 
 
 POSITIVE: Check = (lambda v: v > 0, "> 0")
 POSITIVE_F32: Check = (_float32_positive, "> 0 and finite in float32")
 NON_NEGATIVE: Check = (lambda v: v >= 0, ">= 0")
+FRACTION_F32: Check = (_float32_fraction, "in [0, 1) in float32")
+SEED_MAX = 2**63 - 1  # numpy takes no negative seed, torch none beyond 64 bits
+# An idle worker doubles its sleep between polls up to --poll-max-ms: beyond a second it
+# would sleep through the master's answers (and a stop) for minutes; time.sleep overflows
+POLL_MAX_MS = 1000.0
+LOG_EVERY_MIN = 0.1  # seconds: below this the progress lines flood the job's log
+STRAGGLER_MAX = 1000.0  # a larger factor sleeps past --worker-timeout, or overflows sleep()
 
 
 def opt(default: Any, help: str, *, check: Check | None = None, flag: str | None = None,
@@ -63,10 +81,10 @@ class OptimConfig:
     method: str = opt(GEM, f"update rule at the master: {', '.join(ASYNC_METHODS)}; or sync: "
                       "synchronous momentum SGD on Horovod (every rank a worker, no master), "
                       "GEM's proxy, the baseline to compare with")
-    lr: float = opt(0.05, "learning rate η (> 0)", check=POSITIVE)
-    momentum: float = opt(0.9, "proxy momentum μ in [0, 1)",
-                          check=(lambda v: 0 <= v < 1, "in [0, 1)"))
-    kappa: float = opt(1.0, "proxy amplification κ (> 0)", check=POSITIVE)
+    # the workers and the kernel compute in float32: each value is checked as float32 sees it
+    lr: float = opt(0.05, "learning rate η (> 0)", check=POSITIVE_F32)
+    momentum: float = opt(0.9, "proxy momentum μ in [0, 1)", check=FRACTION_F32)
+    kappa: float = opt(1.0, "proxy amplification κ (> 0)", check=POSITIVE_F32)
     pi_max: float = opt(5.0, "upper clamp of the GEM scale π (> 0)", check=POSITIVE_F32)
     eps: float = opt(1e-16, "ε in π's denominator |Δθ| + ε (> 0)", check=POSITIVE_F32)
     gem_shift: str = opt(SHIFT_OTHERS, "GEM's shift |θ − s|: 'others' takes s after the "
@@ -92,7 +110,8 @@ class DataConfig:
                          check=NON_NEGATIVE)
     shard: bool = opt(False, "each worker uses a disjoint shard of the data instead of the "
                       "whole set with its own shuffle")
-    seed: int = opt(0, "seed of θ₀ and of the workers' shuffles")
+    seed: int = opt(0, "seed of θ₀ and of the workers' shuffles",
+                    check=(lambda v: 0 <= v <= SEED_MAX, f"in 0..2**63-1 ({SEED_MAX})"))
     synthetic_size: int = opt(60000, "samples per epoch of --dataset synthetic",
                               check=POSITIVE)
     quadratic_dim: int = opt(100_000, "parameters of --model quadratic", check=POSITIVE)
@@ -106,7 +125,8 @@ class MonitorConfig:
                           "only at the end)", check=NON_NEGATIVE)
     eval_batch_size: int = opt(1000, "evaluation batch size", check=POSITIVE)
     log_every: float = opt(10.0, "seconds between progress lines when the output is not a "
-                           "terminal", check=POSITIVE)
+                           "terminal", check=(lambda v: v >= LOG_EVERY_MIN,
+                                              f">= {LOG_EVERY_MIN} (seconds)"))
     verbose: bool = opt(False, "workers report their own progress too")
     stop_on_divergence: bool = opt(True, "keep going when the run diverges",
                                    flag="--no-stop-on-divergence")
@@ -120,6 +140,11 @@ class MonitorConfig:
     worker_timeout: float = opt(1800.0, "end the job (after a checkpoint, naming the worker) "
                                 "when a worker has sent nothing for this many seconds: stuck, "
                                 "not just slow (0: never)", check=NON_NEGATIVE)
+    exit_timeout: float = opt(60.0, "once the run has ended (its checkpoint and metrics "
+                              "written), the master waits this many seconds for every worker "
+                              "to leave, then ends the job (MPI_Abort with the run's exit "
+                              "code): a worker stuck in a step cannot hold the job",
+                              check=POSITIVE)
 
     @property
     def min_free_bytes(self) -> int:
@@ -147,7 +172,8 @@ class RuntimeConfig:
     threads: int = opt(0, "torch intra-op threads per worker (0: the node's cores divided by "
                        "the ranks on the node)", check=NON_NEGATIVE)
     poll_max_ms: float = opt(5.0, "longest sleep of an idle worker between polls of the "
-                             "master", check=POSITIVE)
+                             "master", check=(lambda v: 0 < v <= POLL_MAX_MS,
+                                              f"in (0, {POLL_MAX_MS:g}] (milliseconds)"))
     no_extension: bool = opt(False, "use the numpy reference at the master even when the C++ "
                              "extension is built")
     straggler: str | None = opt(None, "make worker WORKER (1..n: its MPI rank, or rank "
@@ -258,8 +284,8 @@ def straggler(cfg: Config, world_size: int) -> tuple[int, float] | None:
     n = n_workers(cfg, world_size)
     if not 1 <= rank <= n:
         raise UsageError(f"--straggler worker must be in 1..{n}, got {rank}")
-    if not factor >= 1:
-        raise UsageError(f"--straggler factor must be >= 1, got {factor}")
+    if not 1 <= factor <= STRAGGLER_MAX:
+        raise UsageError(f"--straggler factor must be in [1, {STRAGGLER_MAX:g}], got {factor}")
     return rank, factor
 
 

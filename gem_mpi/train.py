@@ -103,7 +103,7 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> Outcome:
 
         return run_sync(cfg, comm, problem, placement, stop, resumed)
     from gem_mpi.outputs.metrics import WORKER_TIME_COLUMNS
-    from gem_mpi.transport.endpoints import ABORTED, Layout
+    from gem_mpi.transport.endpoints import Layout
 
     done_floats = len(WORKER_TIME_COLUMNS)  # a worker's last message: its time split
     layout = Layout(n_workers, problem.n_params,
@@ -130,8 +130,10 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> Outcome:
 
     code = run_worker(cfg, comm, layout, problem, placement,
                       start_seq=0 if start_seqs is None else start_seqs[rank - 1])
-    # the master alone reports how the run ended; an abort fails every rank
-    return Outcome.FAILED if code == ABORTED else Outcome.FINISHED
+    from gem_mpi.engine.master import OUTCOME_OF
+
+    # the master alone reports how the run ended; every rank exits with its code
+    return OUTCOME_OF.get(code, Outcome.FAILED)
 
 
 def _momentum_note(cfg: config.Config, state: dict) -> str:

@@ -18,18 +18,23 @@ from gem_mpi.algorithm.rule import MasterRule
 from gem_mpi.config import Config
 from gem_mpi.outputs.metrics import WORKER_TIME_COLUMNS
 from gem_mpi.problem import Problem
-from gem_mpi.run.supervisor import Outcome, RunSupervisor, StopFlag, say
+from gem_mpi.run.supervisor import EXIT_CODES, Outcome, RunSupervisor, StopFlag, say
 from gem_mpi.transport import MPI
 from gem_mpi.transport.endpoints import (
     ABORTED,
+    DIVERGED,
     DONE,
     FINISHED,
+    OUTPUT_FAILED,
     STOPPED,
     Layout,
     MasterEndpoint,
 )
 
-SHUTDOWN = {Outcome.FINISHED: FINISHED, Outcome.STOPPED: STOPPED, Outcome.DIVERGED: STOPPED}
+# the stop word each outcome sends the workers (they exit with the code it maps back to)
+SHUTDOWN = {Outcome.FINISHED: FINISHED, Outcome.STOPPED: STOPPED, Outcome.DIVERGED: DIVERGED,
+            Outcome.OUTPUT_FAILED: OUTPUT_FAILED}
+OUTCOME_OF = {word: outcome for outcome, word in SHUTDOWN.items()}  # a worker's view
 
 
 @dataclass
@@ -65,6 +70,8 @@ class Master:
                                  ticket0=resumed["tickets"] if resumed else 0)
         self.rule = MasterRule(cfg.optim, kernel, problem.n_params)
         self.verbose = cfg.monitor.verbose
+        self.exit_timeout = cfg.monitor.exit_timeout
+        self.clock0 = self.clock  # where this run (or this resume of it) started
         self.sup = RunSupervisor(cfg, problem, self.n_workers, self, kernel.name,
                                  stop if stop is not None else StopFlag(), resumed, noun="update",
                                  eval_threads=eval_threads)
@@ -79,10 +86,22 @@ class Master:
                 "tickets": self.ep.tickets_drawn(), "next_seq": self.next_seq}
 
     def run(self) -> Outcome:
-        """Serve until every worker is done or the run ends otherwise; tell the workers."""
+        """Serve until every worker is done or the run ends otherwise; tell the workers, and
+        end the job within --exit-timeout seconds whatever they do."""
         outcome = self.sup.run(self._serve, self._summary, lambda: self.ep.theta,
                                self._done_line, self._stopped_by)
-        self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED))
+        if outcome is Outcome.FINISHED and self.clock == self.clock0 and self.rejected:
+            say(f"error: every update of this run was rejected ({sum(self.rejected.values())} "
+                "held NaN or Inf): θ never moved. Lower --lr (or --kappa), or look at the "
+                "data")
+            outcome = Outcome.FAILED
+        missing = self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED), self.exit_timeout)
+        if missing:
+            code = EXIT_CODES[outcome]
+            say(f"error: worker(s) {', '.join(map(str, missing))} did not leave within "
+                f"--exit-timeout {self.exit_timeout:g} s after the run ended ({outcome.value}, "
+                f"its files complete): stuck; ending the job with exit code {code}")
+            MPI.COMM_WORLD.Abort(code)
         return outcome
 
     def _serve(self) -> Outcome:

@@ -99,7 +99,7 @@ class _TorchSteps:
 def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
                placement: Placement, start_seq: int = 0) -> int:
     """Train until the data budget is used (or the master stops the run early); returns the
-    master's stop word (transport.endpoints.FINISHED, ABORTED or STOPPED).
+    master's stop word (one of transport.endpoints' stop words).
 
     ``start_seq`` > 0 resumes from a checkpoint: the first ``start_seq`` updates of this
     worker were applied before it, so its data stream continues after them.
@@ -171,9 +171,11 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
         times = np.array([split[k] for k in WORKER_TIME_COLUMNS], np.float32)
         ep.commit(DONE, steps_fn.steps, version, parts=(times,))
     code = ep.wait_shutdown()
-    ep.close()
+    # only a stop by signal keeps m for a resume: a diverged run's m is no state to resume
+    # from, and it must not replace the m an earlier stop saved beside the last good checkpoint
     if code == STOPPED and momentum is not None and directory:
         m, prev = momentum.arrays()
         checkpoint.save_worker_momentum(directory, rank, momentum.folded, m, prev,
                                         cfg.as_dict())
+    ep.close()  # signs the roll: this worker's files are written
     return code

@@ -2,29 +2,42 @@
 
 A worker pulls θ (a :class:`VersionedArray`), computes, and posts its update into its own
 :class:`Mailbox` slot with a ticket from the :class:`TicketCounter`; the master takes ready
-messages lowest ticket first, applies them under θ's exclusive lock, and releases the
-slots. The :class:`StopWord` tells workers when the run ends and how. Neither side sees a
-window, a cell or a displacement.
+messages lowest ticket first, applies them between ``begin_write`` and ``end_write`` (which
+make a pull that overlaps them read again), and releases the slots. The :class:`StopWord`
+tells workers when the run ends and how; each worker signs the :class:`Roll` as it leaves,
+and the master frees the windows (a collective) only once all have, so that a stuck worker
+can delay the end of a run by at most ``timeout_s`` (then the caller aborts the job). Neither
+side sees a window, a cell or a displacement.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from gem_mpi.transport import MASTER, MPI, Backoff, Progress, soft_barrier
-from gem_mpi.transport.idioms import Mailbox, Message, StopWord, TicketCounter, VersionedArray
+from gem_mpi.transport.idioms import (
+    Mailbox,
+    Message,
+    Roll,
+    StopWord,
+    TicketCounter,
+    VersionedArray,
+)
 
 # message kinds
 UPDATE = 1  # carries the payload
 DONE = 2  # the worker's budget is used up; no payload
 
-# the stop word
+# the stop word: how the run ended, so that every rank exits with the master's code
 RUNNING = 0
 FINISHED = 1
-ABORTED = 2
+ABORTED = 2  # an error: the job is failing
 STOPPED = 3  # stopped early (signal): workers leave without their DONE message
+DIVERGED = 4  # stopped early, diverged: workers keep no state of it
+OUTPUT_FAILED = 5  # stopped early, an output could not be written
 
 
 @dataclass(frozen=True)
@@ -49,14 +62,16 @@ class _Endpoint:
         self.stop = StopWord(comm)
         self.mailbox = Mailbox(comm, layout.n_workers, layout.payload_floats)
         self.theta_window = VersionedArray(comm, layout.n_params)
+        self.roll = Roll(comm, layout.n_workers)
 
     def _open(self, comm: MPI.Intracomm) -> None:
-        for idiom in (self.tickets, self.stop, self.mailbox):
+        for idiom in (self.tickets, self.stop, self.mailbox, self.theta_window, self.roll):
             idiom.open()
         comm.Barrier()  # rank 0's initial values are in place before any worker looks
 
     def _free(self) -> None:
-        for idiom in (self.theta_window, self.mailbox, self.stop, self.tickets, self.progress):
+        for idiom in (self.roll, self.theta_window, self.mailbox, self.stop, self.tickets,
+                      self.progress):
             idiom.free()
 
 
@@ -88,7 +103,7 @@ class MasterEndpoint(_Endpoint):
         self.mailbox.release(slots)
 
     def begin_write(self) -> None:
-        self.theta_window.begin_write()
+        self.theta_window.begin_write(self.progress)
 
     def end_write(self, version: int) -> None:
         self.theta_window.end_write(version)
@@ -96,10 +111,23 @@ class MasterEndpoint(_Endpoint):
     def tickets_drawn(self) -> int:
         return self.tickets.drawn()
 
-    def shutdown(self, code: int = FINISHED) -> None:
-        """Tell waiting workers to leave, then free the windows with them."""
+    def shutdown(self, code: int = FINISHED, timeout_s: float = 60.0) -> list[int]:
+        """Tell the workers to leave and free the windows with them once every worker has
+        signed the roll. Returns the workers that had not signed after ``timeout_s`` (the
+        windows are then left as they are: freeing them would wait for those workers
+        forever, so the caller ends the job), or [] once the windows are freed."""
         self.stop.say(code)
+        deadline = time.monotonic() + timeout_s
+        backoff = self.idle_backoff(first=50e-6, limit=10e-3)
+        while True:
+            missing = self.roll.missing()
+            if not missing:
+                break
+            if time.monotonic() >= deadline:
+                return missing
+            backoff.wait()
         self._free()
+        return []
 
 
 class WorkerEndpoint(_Endpoint):
@@ -162,8 +190,11 @@ class WorkerEndpoint(_Endpoint):
         return self._backoff.slept
 
     def close(self) -> None:
+        """Sign the roll, then free the windows with the master."""
+        self.roll.sign(self.rank)
         self._free()
 
 
-__all__ = ["ABORTED", "DONE", "FINISHED", "MASTER", "RUNNING", "STOPPED", "UPDATE", "Layout",
+__all__ = ["ABORTED", "DIVERGED", "DONE", "FINISHED", "MASTER", "OUTPUT_FAILED", "RUNNING",
+           "STOPPED", "UPDATE", "Layout",
            "MasterEndpoint", "Message", "WorkerEndpoint"]

@@ -14,6 +14,9 @@ Working configuration (Open MPI 4.1, mpi4py 4.1): 8-byte ``Compare_and_swap`` is
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import numpy as np
 
 from gem_mpi.transport import MASTER, MPI, Backoff
@@ -33,27 +36,24 @@ def _bytes(a: np.ndarray) -> list:
 
 
 class _Window:
-    """A window of ``nbytes`` on rank 0, in one shared passive epoch for the whole run unless
-    ``epoch`` is False (then the owner locks it per access)."""
+    """A window of ``nbytes`` on rank 0, in one shared passive epoch for the whole run."""
 
-    def __init__(self, comm: MPI.Intracomm, nbytes: int, disp_unit: int,
-                 epoch: bool = True) -> None:
+    def __init__(self, comm: MPI.Intracomm, nbytes: int, disp_unit: int) -> None:
         self.is_master = comm.Get_rank() == MASTER
         self.win = MPI.Win.Allocate(nbytes if self.is_master else 0, disp_unit, comm=comm)
         self.memory = (np.frombuffer(self.win.tomemory(), dtype=np.uint8) if self.is_master
                        else np.zeros(0, np.uint8))
         self.memory[:] = 0
-        self._epoch = epoch
-        self._freed = False
+        self._opened = self._freed = False
 
     def open(self) -> None:
-        if self._epoch:
-            self.win.Lock(MASTER, MPI.LOCK_SHARED)
+        self.win.Lock(MASTER, MPI.LOCK_SHARED)
+        self._opened = True
 
     def free(self) -> None:
         if not self._freed:
             self._freed = True
-            if self._epoch:
+            if self._opened:
                 self.win.Unlock(MASTER)
             self.win.Free()
 
@@ -103,42 +103,120 @@ class StopWord(_Cell):
 
 
 class VersionedArray(_Window):
-    """A float32 array with a version number, written by rank 0 under an exclusive lock on
-    its own window, read by workers in one ``Get`` of header and data under a shared lock:
-    a read is never a torn mixture of two versions."""
+    """A float32 array with a version number, published by rank 0 and read by workers, where
+    neither side ever waits for the other.
 
-    def __init__(self, comm: MPI.Intracomm, n: int) -> None:
+    Rank 0 writes under a sequence word (a seqlock): odd while a write is in progress, even
+    and one higher after it. A reader gets the header, then the data, then the header again,
+    each completed before the next starts; equal even words mean no write overlapped the
+    data, else it reads again. No MPI lock is taken on the data path: a worker that dies or
+    hangs in the middle of a read holds nothing, so rank 0 never blocks on it (it did inside
+    ``Win.Lock`` when θ was written under an exclusive lock), and MPICH, which messages the
+    target for every lock, is spared two round trips per pull.
+
+    A reader that failed once raises the ``wanted`` word (an atomic) until it has read; rank
+    0 holds back its next write while it is raised, up to ``hold_s``, so a reader cannot be
+    starved by back-to-back writes, and a dead reader costs at most ``hold_s`` per write.
+    """
+
+    # header: int64 words at these byte offsets
+    _SEQ, _VERSION, _WANTED = 0, 8, 16
+
+    def __init__(self, comm: MPI.Intracomm, n: int, hold_s: float = 20e-3) -> None:
         self.nbytes = HEADER_BYTES + 4 * n
-        super().__init__(comm, self.nbytes, 1, epoch=False)
+        self.hold_s = hold_s
+        super().__init__(comm, self.nbytes, 1)
+        self._header = np.zeros(HEADER_BYTES // 8, np.int64)
         if self.is_master:
-            self._version = self.memory[:HEADER_BYTES].view(np.int64)
+            self._words = self.memory[:HEADER_BYTES].view(np.int64)
             self.data = self.memory[HEADER_BYTES:].view(np.float32)
-        else:  # the reader's copy, header and data in one buffer for one Get
-            self._buffer = np.empty(HEADER_BYTES // 4 + n, dtype=np.float32)
-            self._version = self._buffer[:HEADER_BYTES // 4].view(np.int64)
-            self.data = self._buffer[HEADER_BYTES // 4:]
+            self._backoff = Backoff(first=5e-6, limit=200e-6)
+            self.held_s = 0.0  # seconds rank 0 held writes back for a reader
+        else:
+            self.data = np.empty(n, dtype=np.float32)
+            self._again = np.zeros(HEADER_BYTES // 8, np.int64)
+            self._operand = np.zeros(1, np.int64)
+            self._result = np.zeros(1, np.int64)
+            self.retries = 0  # reads that overlapped a write and were done again
 
     # rank 0
-    def begin_write(self) -> None:
-        """No reader's Get can interleave with what is written until end_write."""
-        self.win.Lock(MASTER, MPI.LOCK_EXCLUSIVE)
+    def set(self, values: np.ndarray, version: int) -> None:
+        """The initial value, before the window is opened (no reader can look yet)."""
+        self.data[:] = values
+        self._words[self._VERSION // 8] = version
+
+    def begin_write(self, progress: Callable[[], object] | None = None) -> None:
+        """No read that overlaps what is written until end_write is taken as valid."""
+        words = self._words
+        self.win.Sync()
+        if words[self._WANTED // 8] > 0:  # a reader failed: let it through first
+            t0 = time.perf_counter()
+            self._backoff.reset()
+            while words[self._WANTED // 8] > 0 and time.perf_counter() - t0 < self.hold_s:
+                if progress is not None:
+                    progress()
+                self._backoff.wait()
+                self.win.Sync()
+            self.held_s += time.perf_counter() - t0
+        words[self._SEQ // 8] += 1  # odd: writing
+        self.win.Sync()
 
     def end_write(self, version: int) -> None:
-        self._version[0] = version
-        self.win.Unlock(MASTER)
-
-    def set(self, values: np.ndarray, version: int) -> None:
-        self.begin_write()
-        self.data[:] = values
-        self.end_write(version)
+        words = self._words
+        self.win.Sync()  # the data before the word that validates it
+        words[self._VERSION // 8] = version
+        words[self._SEQ // 8] += 1  # even: a consistent state
+        self.win.Sync()
 
     # workers
+    def _get(self, buffer: np.ndarray, offset: int, nbytes: int) -> None:
+        self.win.Get(_bytes(buffer), MASTER, (offset, nbytes, MPI.BYTE))
+        self.win.Flush(MASTER)
+
+    def _want(self, delta: int) -> None:
+        self._operand[0] = delta
+        self.win.Fetch_and_op(self._operand, self._result, MASTER, self._WANTED, MPI.SUM)
+        self.win.Flush(MASTER)
+
     def read(self) -> int:
-        """Copy version and data into ``self.data``; returns the version."""
-        self.win.Lock(MASTER, MPI.LOCK_SHARED)
-        self.win.Get(_bytes(self._buffer), MASTER, (0, self.nbytes, MPI.BYTE))
-        self.win.Unlock(MASTER)
-        return int(self._version[0])
+        """Copy θ into ``self.data``, never torn; returns its version."""
+        head, again, wanted = self._header, self._again, False
+        while True:
+            self._get(head, 0, HEADER_BYTES)
+            seq = int(head[self._SEQ // 8])
+            if seq % 2 == 0:
+                self._get(self.data, HEADER_BYTES, self.nbytes - HEADER_BYTES)
+                self._get(again, 0, HEADER_BYTES)
+                if int(again[self._SEQ // 8]) == seq:
+                    break
+            self.retries += 1
+            if not wanted:
+                wanted = True
+                self._want(1)
+        if wanted:
+            self._want(-1)
+        return int(head[self._VERSION // 8])
+
+
+class Roll(_Window):
+    """One word per worker, set when it leaves: rank 0 frees the windows (a collective every
+    rank must join) only once every worker has signed, and can name those that have not."""
+
+    def __init__(self, comm: MPI.Intracomm, n_workers: int) -> None:
+        super().__init__(comm, 8 * n_workers, 8)
+        self.words = self.memory.view(np.int64)
+        self._one = np.ones(1, np.int64)
+        self._result = np.zeros(1, np.int64)
+
+    def sign(self, worker: int) -> None:
+        """Worker ``worker`` (1..n) leaves now."""
+        self.win.Fetch_and_op(self._one, self._result, MASTER, worker - 1, MPI.REPLACE)
+        self.win.Flush(MASTER)
+
+    def missing(self) -> list[int]:
+        """Rank 0: the workers (1..n) that have not signed yet."""
+        self.win.Sync()
+        return [int(w) + 1 for w in np.flatnonzero(self.words == 0)]
 
 
 class Message:
@@ -247,5 +325,5 @@ class Mailbox:
         return ticket
 
 
-__all__ = ["HEADER", "Backoff", "Mailbox", "Message", "StopWord", "TicketCounter",
+__all__ = ["HEADER", "Backoff", "Mailbox", "Message", "Roll", "StopWord", "TicketCounter",
            "VersionedArray"]

@@ -1,4 +1,5 @@
-"""Run the real launcher with one worker whose every 5th update holds a NaN or an Inf."""
+"""Run the real launcher with one worker whose every 5th update holds a NaN or an Inf
+(first argument: its rank), or with every worker's every update poisoned ("all")."""
 
 import sys
 
@@ -8,13 +9,16 @@ from gem_mpi import train
 from gem_mpi.problem.quadratic import Quadratic
 from gem_mpi.transport import MPI
 
-bad_rank = int(sys.argv[1])
+everything = sys.argv[1] == "all"
+bad_rank = -1 if everything else int(sys.argv[1])
 real_step = Quadratic.step
 calls = {"n": 0}
 
 
 def poisoned_step(self, s, target, lr):
     delta, loss = real_step(self, s, target, lr)
+    if everything:
+        return np.full_like(delta, np.nan), loss
     if MPI.COMM_WORLD.Get_rank() == bad_rank:
         calls["n"] += 1
         if calls["n"] % 5 == 0:
