@@ -312,8 +312,10 @@ def _infinite(value: Any) -> bool:
     return isinstance(value, float) and math.isinf(value)
 
 
-def validate(cfg: Config, world_size: int) -> None:
-    """Checks that need no data and no MPI; raises UsageError with one readable line."""
+def validate(cfg: Config, world_size: int, data: bool = True) -> None:
+    """Every check that can be made before the run starts, without MPI; raises UsageError
+    with one readable line. With ``data`` (rank 0 of a run) it also checks the dataset:
+    that it is there and intact, and that each worker's share holds a batch."""
     method, model, dataset = cfg.method, cfg.data.model, cfg.data.dataset
     if world_size < 2 and method != SYNC:
         raise UsageError(
@@ -339,8 +341,12 @@ def validate(cfg: Config, world_size: int) -> None:
             raise UsageError(f"--metrics {out.metrics!r} is a directory")
     if out.save:
         _writable_target(out.save, "--save")
+        if os.path.isdir(out.save):
+            raise UsageError(f"--save {out.save!r} is a directory; name the file to write")
     straggler(cfg, world_size)
     if out.checkpoint_dir:
+        if os.path.exists(out.checkpoint_dir) and not os.path.isdir(out.checkpoint_dir):
+            raise UsageError(f"--checkpoint-dir {out.checkpoint_dir!r} is not a directory")
         if not os.path.isdir(out.checkpoint_dir):
             raise UsageError(f"--checkpoint-dir {out.checkpoint_dir!r} does not exist")
         if not os.access(out.checkpoint_dir, os.W_OK):
@@ -349,3 +355,108 @@ def validate(cfg: Config, world_size: int) -> None:
         raise UsageError(f"--resume {out.resume!r}: no such file")
     if out.resume == "auto" and not out.checkpoint_dir:
         raise UsageError("--resume auto needs --checkpoint-dir")
+    _check_paths_apart(out)
+    _check_threads(cfg.runtime.threads)
+    if model == QUADRATIC:
+        _check_quadratic_memory(cfg, world_size)
+    if data and model in TORCH_MODELS:
+        _check_data(cfg, world_size)
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _checkpoint_names() -> tuple[str, ...]:
+    """Glob patterns of the files the checkpoints own in --checkpoint-dir (the newest
+    checkpoint is kept: the others matching are deleted)."""
+    import re
+
+    from gem_mpi.outputs import checkpoint
+
+    return tuple(re.sub(r"\{[^}]*\}", "*", name)
+                 for name in (checkpoint.NAME, checkpoint.WORKER_MOMENTUM))
+
+
+def _check_paths_apart(out: OutputConfig) -> None:
+    """Two outputs in one file would overwrite (or delete) each other; one line instead."""
+    import fnmatch
+
+    if out.metrics and out.save and _same_file(out.metrics, out.save):
+        raise UsageError(f"--metrics and --save are the same file {out.metrics!r}: the saved "
+                         "model would overwrite the metrics")
+    for flag, path in (("--metrics", out.metrics), ("--save", out.save)):
+        if not path:
+            continue
+        if out.resume and out.resume != "auto" and _same_file(path, out.resume):
+            raise UsageError(f"{flag} {path!r} is the --resume checkpoint: writing it would "
+                             "destroy the checkpoint the run continues from")
+        if out.checkpoint_dir and _same_file(os.path.dirname(os.path.abspath(path)),
+                                             out.checkpoint_dir):
+            name = os.path.basename(path)
+            for pattern in _checkpoint_names():
+                if fnmatch.fnmatchcase(name, pattern):
+                    raise UsageError(f"{flag} {path!r} has the name of a checkpoint file "
+                                     f"({pattern}) in --checkpoint-dir: the checkpoints "
+                                     "would delete or overwrite it; choose another name")
+
+
+def _check_threads(threads: int) -> None:
+    cores = os.cpu_count() or 1
+    if threads > cores:
+        raise UsageError(f"--threads {threads} is more than the {cores} cores of rank 0's "
+                         "node (0: the node's cores divided by its ranks)")
+
+
+def _node_memory() -> int | None:
+    """Bytes of memory of this node (rank 0's), or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_quadratic_memory(cfg: Config, world_size: int) -> None:
+    """The master holds θ and one mailbox slot per worker (Δθ, κ|m| and s for GEM)."""
+    n, workers = cfg.data.quadratic_dim, n_workers(cfg, world_size)
+    per_slot = 3 if cfg.method == GEM else 1
+    # θ's window, θ₀, the problem's h and c, and numpy's float64 draws of them at the start
+    need = 4 * n * (workers * per_slot + 4) + 8 * n
+    total = _node_memory()
+    if total and need > total:
+        raise UsageError(
+            f"--quadratic-dim {n}: the master alone needs about {need / 2**30:.1f} GiB "
+            f"(θ and {workers} workers' mailbox slots of {per_slot} float32 per parameter), "
+            f"more than the {total / 2**30:.1f} GiB of rank 0's node"
+        )
+
+
+def _check_data(cfg: Config, world_size: int) -> None:
+    """The data is there and each worker's share holds at least one batch (rank 0 reads the
+    dataset's headers, or counts ImageFolder images up to what is needed)."""
+    from gem_mpi.problem.data import check_dataset, dataset_spec
+
+    d = cfg.data
+    dataset_spec(d.dataset, d.model)  # combinations that cannot work
+    shards = n_workers(cfg, world_size) if d.shard else 1
+    need = d.batch_size * shards
+    if d.dataset == "synthetic":
+        n, what = d.synthetic_size, "--dataset synthetic (--synthetic-size)"
+        # each epoch a worker draws its shard's order: arange, randperm and the gather, int64
+        need, total = 24 * (n // shards), _node_memory()
+        if total and need > total:
+            raise UsageError(
+                f"--synthetic-size {n}: each worker would hold its epoch's sample order, "
+                f"about {need / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of "
+                "rank 0's node"
+            )
+    else:
+        n, what = check_dataset(d.dataset, d.data_dir, at_least=need), d.dataset
+    if n // shards >= d.batch_size:
+        return
+    if shards > 1:
+        raise UsageError(f"--batch-size {d.batch_size} exceeds the {n // shards} training "
+                         f"samples of each worker's shard (--shard: {n} samples of {what} "
+                         f"over {shards} workers); use a smaller batch or fewer workers")
+    raise UsageError(f"--batch-size {d.batch_size} exceeds the {n} training samples of "
+                     f"{what}; use a smaller batch")

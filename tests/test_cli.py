@@ -8,6 +8,9 @@ import pytest
 from conftest import PROGS, mpirun, train
 
 QUAD = ["--model", "quadratic", "--dataset", "synthetic", "--max-steps", "5"]
+SYNTHETIC_CNN = ["--model", "mnist-cnn", "--dataset", "synthetic"]  # after QUAD: overrides it
+FASHION_CNN = ["--model", "mnist-cnn", "--dataset", "fashion-mnist"]
+A_FILE = str(Path(__file__).resolve())  # exists and is a file; nothing writes to it
 
 
 @pytest.mark.parametrize(
@@ -38,6 +41,35 @@ QUAD = ["--model", "quadratic", "--dataset", "synthetic", "--max-steps", "5"]
         (["--resume", "/nonexistent.h5"], "no such file"),
         (["--resume", "auto"], "--resume auto needs --checkpoint-dir"),
         (["--model", "quadratic", "--dataset", "fashion-mnist"], "--model quadratic uses no data"),
+        # positive in float64, 0 or inf in the float32 the workers and the kernel compute in
+        (["--kappa", "1e-50"], "--kappa must be > 0 and finite in float32"),
+        (["--kappa", "1e39"], "--kappa must be > 0 and finite in float32"),
+        (["--lr", "1e-50"], "--lr must be > 0 and finite in float32"),
+        (["--lr", "1e39"], "--lr must be > 0 and finite in float32"),
+        (["--momentum", "0.99999999"], "--momentum must be in [0, 1) in float32"),
+        (["--seed", "-1"], "--seed must be in 0..2**63-1"),
+        (["--seed", str(2**64)], "--seed must be in 0..2**63-1"),
+        (["--poll-max-ms", "1e12"], "--poll-max-ms must be in (0, 1000]"),
+        (["--log-every", "1e-9"], "--log-every must be >= 0.1"),
+        (["--straggler", "1:inf"], "--straggler factor must be in [1, 1000]"),
+        (["--threads", "100000"], "--threads 100000 is more than the"),
+        (["--quadratic-dim", str(10**13)], "the master alone needs about"),
+        (["--checkpoint-dir", A_FILE], "is not a directory"),
+        (["--save", "/tmp"], "--save '/tmp' is a directory"),
+        (["--metrics", "/tmp/gem_same.h5", "--save", "/tmp/gem_same.h5"],
+         "--metrics and --save are the same file"),
+        (["--checkpoint-dir", "/tmp", "--metrics", "/tmp/checkpoint_000000000007.h5"],
+         "has the name of a checkpoint file (checkpoint_*.h5) in --checkpoint-dir"),
+        (["--checkpoint-dir", "/tmp", "--save", "/tmp/momentum_w00001.h5"],
+         "has the name of a checkpoint file (momentum_w*.h5)"),
+        # a batch no worker's share of the data can fill
+        ([*SYNTHETIC_CNN, "--synthetic-size", "10"],
+         "--batch-size 64 exceeds the 10 training samples of --dataset synthetic"),
+        ([*SYNTHETIC_CNN, "--synthetic-size", str(10**13)], "each worker would hold"),
+        ([*FASHION_CNN, "--batch-size", "70000"],
+         "--batch-size 70000 exceeds the 60000 training samples of fashion-mnist"),
+        ([*FASHION_CNN, "--batch-size", "40000", "--shard"],
+         "exceeds the 30000 training samples of each worker's shard"),
     ],
 )
 def test_bad_option_is_one_line_from_rank0(args, message):
@@ -101,3 +133,60 @@ def test_damaged_dataset_file_is_one_line(tmp_path, damage):
     assert len(lines) == 1, res.stderr
     assert "train-images" in lines[0]
     assert "Traceback" not in res.stderr
+
+
+def _one_error_line(res) -> str:
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: error:")]
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    assert not [ln for ln in res.stderr.splitlines() if "rank 1" in ln or "rank 2" in ln]
+    return lines[0]
+
+
+def test_kernel_threads_beyond_the_cores_are_one_line(monkeypatch):
+    monkeypatch.setenv("GEM_NUM_THREADS", "100000")
+    assert "GEM_NUM_THREADS 100000 is more than the" in _one_error_line(train(3, *QUAD))
+
+
+def test_metrics_over_the_resume_checkpoint_is_one_line(tmp_path):
+    ckpt = tmp_path / "checkpoint_000000000005.h5"
+    ckpt.write_bytes(b"a checkpoint")
+    line = _one_error_line(train(3, *QUAD, "--resume", str(ckpt), "--metrics", str(ckpt)))
+    assert "is the --resume checkpoint" in line
+    assert ckpt.read_bytes() == b"a checkpoint"
+
+
+def _image_folder(root: Path, classes: dict[str, dict[str, int]]) -> Path:
+    """root/{train,val}/<class>/ with the given number of images in each class folder."""
+    from PIL import Image
+
+    for sub, counts in classes.items():
+        for cls, n in counts.items():
+            (root / sub / cls).mkdir(parents=True)
+            for i in range(n):
+                Image.new("RGB", (8, 8), (i, 0, 0)).save(root / sub / cls / f"{i}.png")
+    return root
+
+
+IMAGENET = ["--model", "resnet18", "--dataset", "imagenet", "--max-steps", "1",
+            "--eval-every", "0", "--batch-size", "2"]
+
+
+def test_image_folder_with_an_empty_class_is_one_line(tmp_path):
+    root = _image_folder(tmp_path, {"train": {"a": 3, "b": 0}, "val": {"a": 2, "b": 2}})
+    line = _one_error_line(train(3, *IMAGENET, "--data-dir", str(root), timeout=120))
+    assert f"class folder {root}/train/b holds no image" in line
+
+
+def test_image_folder_whose_splits_differ_is_one_line(tmp_path):
+    root = _image_folder(tmp_path, {"train": {"a": 2, "b": 2}, "val": {"a": 2, "c": 2}})
+    line = _one_error_line(train(3, *IMAGENET, "--data-dir", str(root), timeout=120))
+    assert "not the same (only in train: b; only in val: c)" in line
+
+
+def test_image_folder_smaller_than_a_batch_per_shard_is_one_line(tmp_path):
+    root = _image_folder(tmp_path, {"train": {"a": 2, "b": 1}, "val": {"a": 1, "b": 1}})
+    line = _one_error_line(train(3, *IMAGENET, "--shard", "--data-dir", str(root),
+                                 timeout=120))
+    assert "--batch-size 2 exceeds the 1 training samples of each worker's shard" in line

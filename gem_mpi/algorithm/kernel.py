@@ -143,6 +143,12 @@ def kernel_threads() -> int:
         from gem_mpi.errors import UsageError
 
         raise UsageError(f"GEM_NUM_THREADS must be a positive integer, got {value!r}")
+    cores = os.cpu_count() or 1
+    if threads > cores:
+        from gem_mpi.errors import UsageError
+
+        raise UsageError(f"GEM_NUM_THREADS {threads} is more than the {cores} cores of the "
+                         "master's node")
     return threads
 
 

@@ -287,48 +287,103 @@ def _imagenet_root(data_dir: str | None) -> Path:
     return root
 
 
-def _check_imagenet(data_dir: str | None) -> None:
-    """Compare class folders only: scanning 1.3M files would not be cheap."""
+# torchvision's ImageFolder: the files it takes as images (its IMG_EXTENSIONS)
+_IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def _class_folders(folder: Path) -> list[str]:
+    """The classes ImageFolder finds in ``folder``: every subfolder (hidden ones too)."""
+    with os.scandir(folder) as entries:
+        return sorted(e.name for e in entries if e.is_dir())
+
+
+def _count_images(folder: Path, cap: int) -> int:
+    """Images below ``folder`` as ImageFolder finds them (symbolic links followed), counted
+    no further than ``cap``: scandir reads a directory lazily, so an early stop is cheap."""
+    found, pending = 0, [folder]
+    while pending and found < cap:
+        with os.scandir(pending.pop()) as entries:
+            for e in entries:
+                if e.is_dir():
+                    pending.append(Path(e.path))
+                elif e.name.lower().endswith(_IMAGE_EXTENSIONS):
+                    found += 1
+                    if found >= cap:
+                        break
+    return found
+
+
+def _names_of(names: Iterable[str], most: int = 5) -> str:
+    names = sorted(names)
+    return _names(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _check_imagenet(data_dir: str | None, at_least: int) -> int:
+    """Class folders of train/ and val/ the same, none empty; the training images counted
+    up to ``at_least`` (scanning 1.3M files would not be cheap). Returns that count."""
     root = _imagenet_root(data_dir)
-    counts = {}
+    classes = {}
     for sub in ("train", "val"):
-        with os.scandir(root / sub) as entries:
-            counts[sub] = sum(1 for e in entries if e.is_dir() and not e.name.startswith("."))
-        if counts[sub] == 0:
+        classes[sub] = _class_folders(root / sub)
+        if not classes[sub]:
             raise DataError(
                 f"imagenet: {root / sub} has no class subfolders; it must be an "
                 "ImageFolder tree (one subfolder per class)"
             )
-    if counts["train"] != counts["val"]:
-        raise DataError(
-            f"imagenet: {root}/train has {counts['train']} class folders but "
-            f"{root}/val has {counts['val']}; labels would not match"
+    train, val = classes["train"], classes["val"]
+    if train != val:  # ImageFolder numbers the classes in sorted order: labels would differ
+        only_train, only_val = set(train) - set(val), set(val) - set(train)
+        detail = "; ".join(
+            f"only in {sub}: {_names_of(only)}"
+            for sub, only in (("train", only_train), ("val", only_val)) if only
         )
-    if counts["train"] > 1000:
         raise DataError(
-            f"imagenet: {root}/train has {counts['train']} class folders, more "
+            f"imagenet: {root}/train has {len(train)} class folders and {root}/val has "
+            f"{len(val)}, not the same ({detail}); labels would not match"
+        )
+    if len(train) > 1000:
+        raise DataError(
+            f"imagenet: {root}/train has {len(train)} class folders, more "
             "than the 1000 outputs the models are built with"
         )
+    counted = 0
+    for sub in ("train", "val"):
+        for name in classes[sub]:
+            want = max(1, at_least - counted) if sub == "train" else 1
+            found = _count_images(root / sub / name, want)
+            if found == 0:
+                raise DataError(
+                    f"imagenet: class folder {root / sub / name} holds no image (files "
+                    f"ending in {', '.join(_IMAGE_EXTENSIONS)}); remove it or fill it"
+                )
+            if sub == "train":
+                counted += found
+    return counted
 
 
-def check_dataset(dataset: str, data_dir: str | None) -> None:
+def check_dataset(dataset: str, data_dir: str | None, at_least: int = 1) -> int:
     """Fail early, in the launcher, with one readable line instead of N worker tracebacks.
 
     Reads IDX headers and streams (but does not keep) the data. For MNIST this downloads the
     files if absent, so that workers started afterwards find them instead of all downloading.
+    Returns the number of training samples: exact, except for imagenet, whose images are
+    counted up to ``at_least`` only.
     """
     _check_dataset_name(dataset)
     if dataset == "synthetic":
-        return
+        return 0
     if dataset == "imagenet":
-        _check_imagenet(data_dir)
-        return
+        return _check_imagenet(data_dir, at_least)
+    train = 0
     for split in SPLITS:
         images, labels = _idx_paths(dataset, data_dir, _IDX_FILES[split])
         image_dims = _check_idx(images, 3)
         label_data = _read_idx(labels, 1)  # tiny: read it to check the label range too
         _check_pair(images, labels, image_dims, label_data.shape[0])
         _check_labels(labels, label_data)
+        if split == "train":
+            train = image_dims[0]
+    return train
 
 
 # --------------------------------------------------------------------------- splits
