@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import uuid
 
 from gem_mpi import config
 from gem_mpi.errors import GemError, UsageError
@@ -28,7 +29,8 @@ def thread_level(argv: list[str]) -> str:
     return "multiple" if cfg is not None and cfg.method == config.SYNC else "funneled"
 
 
-def _check_on_master(cfg: config.Config, size: int) -> None:
+def _check_on_master(cfg: config.Config, size: int) -> dict | None:
+    """Every check that can be made before any work; returns the checkpoint to resume."""
     from gem_mpi.algorithm.kernel import kernel_threads
 
     config.validate(cfg, size)
@@ -43,16 +45,17 @@ def _check_on_master(cfg: config.Config, size: int) -> None:
 
         dataset_spec(cfg.data.dataset, cfg.data.model)  # combinations that cannot work
         check_dataset(cfg.data.dataset, cfg.data.data_dir)
+    return _resume(cfg, config.n_workers(cfg, size))
 
 
 def main(argv: list[str]) -> int:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    error, cfg, help_text = None, None, None
+    error, cfg, help_text, resumed = None, None, None, None
     try:
         cfg, help_text = config.parse(argv)
         if rank == MASTER and cfg is not None:
-            _check_on_master(cfg, size)
+            resumed = _check_on_master(cfg, size)
     except GemError as exc:
         error = str(exc)
     soft_barrier(comm)  # the others sleep while rank 0 checks the data
@@ -67,12 +70,15 @@ def main(argv: list[str]) -> int:
         if rank == MASTER:
             say(f"error: {error}")
         return EXIT_USAGE
-    return EXIT_CODES[run(cfg, comm)]
+    return EXIT_CODES[run(cfg, comm, resumed)]
 
 
-def _resume(cfg: config.Config, n_workers: int, n_params: int) -> dict | None:
-    """Rank 0: the checkpoint's state (θ under "theta", its path under "path"), or None."""
+def _resume(cfg: config.Config, n_workers: int) -> dict | None:
+    """Rank 0: the checkpoint's state (θ under "theta", its path under "path", what this
+    resume changes under "changes"), or None. Refuses, before anything is written, a
+    checkpoint of another setting and a metrics file of another run."""
     from gem_mpi.outputs import checkpoint
+    from gem_mpi.outputs.metrics import check_resumable
 
     out = cfg.outputs
     if not out.resume:
@@ -82,11 +88,15 @@ def _resume(cfg: config.Config, n_workers: int, n_params: int) -> dict | None:
         say(f"--resume auto: no checkpoint in {out.checkpoint_dir} yet, starting afresh")
         return None
     theta, state = checkpoint.load(path)
-    checkpoint.check_compatible(state, theta, cfg.as_dict(), n_workers, n_params, path)
-    return {**state, "theta": theta, "path": path}
+    checkpoint.check_compatible(state, cfg.as_dict(), n_workers, path)
+    if out.metrics:
+        check_resumable(out.metrics, state["run_id"], path,
+                        (state["rows_updates"], state["rows_eval"], state["rows_rejected"]))
+    return {**state, "theta": theta, "path": path,
+            "changes": checkpoint.changes(state, cfg.as_dict())}
 
 
-def run(cfg: config.Config, comm: MPI.Intracomm) -> Outcome:
+def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None) -> Outcome:
     """This rank's part of the run: the master, a worker, or a synchronous worker."""
     from gem_mpi.algorithm.rule import payload_floats, update_lengths
     from gem_mpi.problem import build_problem
@@ -97,7 +107,9 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> Outcome:
     placement = local_placement(comm)  # collective: every rank, before the windows
     problem = build_problem(cfg.data, with_theta0=rank == MASTER)
     n_workers = config.n_workers(cfg, comm.Get_size())
-    resumed = _resume(cfg, n_workers, problem.n_params) if rank == MASTER else None
+    if resumed is not None and resumed["theta"].size != problem.n_params:
+        raise UsageError(f"--resume {resumed['path']!r} holds {resumed['theta'].size} "
+                         f"parameters, this model has {problem.n_params}")
     if cfg.method == config.SYNC:
         from gem_mpi.baseline.sync import run_sync
 
@@ -110,8 +122,10 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> Outcome:
                     max(payload_floats(cfg.method, problem.n_params), done_floats),
                     update_lengths(cfg.optim, problem.n_params), done_floats)
     soft_barrier(comm)
-    start_seqs = comm.bcast(None if resumed is None else resumed["next_seq"].tolist(),
-                            root=MASTER)
+    # every rank learns the run's id (a new one on a fresh start) and where it resumes
+    run_id = uuid.uuid4().hex if resumed is None else resumed["run_id"]
+    start_seqs, run_id = comm.bcast((None if resumed is None else resumed["next_seq"].tolist(),
+                                     run_id), root=MASTER)
     if rank == MASTER:
         from gem_mpi.algorithm.kernel import Kernel, kernel_threads
         from gem_mpi.engine.master import Master
@@ -121,19 +135,27 @@ def run(cfg: config.Config, comm: MPI.Intracomm) -> Outcome:
         say(f"{cfg.method} on {cfg.data.model}/{cfg.data.dataset}: 1 master + "
             f"{n_workers} workers, {problem.n_params} parameters, master kernel: {kernel.name}"
             + (f"; resuming {resumed['path']} at update {resumed['clock']}"
-               + _momentum_note(cfg, resumed) if resumed else ""))
+               + _changes_note(resumed) + _momentum_note(cfg, resumed) if resumed else ""))
         # the evaluation's torch threads: what the node's cores leave to the master's rank
         cores = len(os.sched_getaffinity(0))
         eval_threads = max(1, cores - (placement.local_size - 1))
-        return Master(cfg, comm, layout, problem, kernel, stop, resumed, eval_threads).run()
+        return Master(cfg, comm, layout, problem, kernel, stop, resumed, eval_threads,
+                      run_id=run_id).run()
     from gem_mpi.engine.worker import run_worker
 
     code = run_worker(cfg, comm, layout, problem, placement,
-                      start_seq=0 if start_seqs is None else start_seqs[rank - 1])
+                      start_seq=0 if start_seqs is None else start_seqs[rank - 1],
+                      run_id=run_id)
     from gem_mpi.engine.master import OUTCOME_OF
 
     # the master alone reports how the run ended; every rank exits with its code
     return OUTCOME_OF.get(code, Outcome.FAILED)
+
+
+def _changes_note(state: dict) -> str:
+    """The settings this resume changes, for the start-up line (the metrics file keeps them)."""
+    return "".join(f", --{k.replace('_', '-')} {a!r} -> {b!r}"
+                   for k, (a, b) in state["changes"].items())
 
 
 def _momentum_note(cfg: config.Config, state: dict) -> str:
@@ -144,7 +166,7 @@ def _momentum_note(cfg: config.Config, state: dict) -> str:
 
     directory, seqs = cfg.outputs.checkpoint_dir, state["next_seq"]
     found = sum(
-        checkpoint.load_worker_momentum(directory, w + 1, int(seqs[w]), cfg.as_dict())
+        checkpoint.load_worker_momentum(directory, w + 1, int(seqs[w]), state["run_id"])
         is not None for w in range(len(seqs)) if seqs[w] > 0
     ) if directory else 0
     return f", worker momentum restored for {found} of {len(seqs)} workers (the rest start at 0)"

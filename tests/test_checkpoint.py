@@ -7,6 +7,8 @@ the whole run, bit for bit, and every worker update must appear in it exactly on
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import time
@@ -14,7 +16,9 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import h5py
 import numpy as np
+import pytest
 from conftest import rank_pids, signal_when, train, train_background, wait_until
 
 from gem_mpi.algorithm.reference import replay
@@ -130,10 +134,10 @@ def test_incompatible_or_corrupt_checkpoint_is_one_line(tmp_path):
     res = train(WORKERS + 1, *_args(tmp_path, "--max-steps", "200"), timeout=120)
     assert res.returncode == 0, res.stderr
     ckpt = next(tmp_path.glob("checkpoint_*.h5"))
-    other = train(WORKERS + 1, *_args(tmp_path, "--quadratic-dim", "3000", "--resume",
-                                      str(ckpt)), timeout=120)
+    other = train(WORKERS + 1, *_args(tmp_path, "--max-steps", "200", "--quadratic-dim", "3000",
+                                      "--resume", str(ckpt)), timeout=120)
     assert other.returncode != 0
-    assert other.stderr.count("holds 2000 parameters, this model has 3000") == 1
+    assert other.stderr.count("--quadratic-dim was 2000, now 3000") == 1
     assert "Traceback" not in other.stderr
     bad = tmp_path / "bad.h5"
     bad.write_bytes(b"not hdf5 at all" * 10)
@@ -146,10 +150,19 @@ def test_incompatible_or_corrupt_checkpoint_is_one_line(tmp_path):
 PI_MAX = 50.0  # high enough that π is rarely clamped: θ then depends on every bit of m
 
 
-def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path):
-    steps = 8000
-    args = [a if a != "downpour" else "gem" for a in _args(tmp_path, "--pi-max", str(PI_MAX))]
+def _gem_args(tmp: Path, steps: int, *extra: str) -> list[str]:
+    args = [a if a != "downpour" else "gem" for a in _args(tmp, "--pi-max", str(PI_MAX), *extra)]
     args[args.index("--max-steps") + 1] = str(steps)
+    return args
+
+
+@pytest.mark.parametrize("shift", ["others", "paper"])
+def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path, shift):
+    """Exact in both readings of the shift: with ``paper`` the master keeps each worker's s
+    in its mailbox slot, and the checkpoint now carries it (the replay was off by up to
+    0.099 before)."""
+    steps = 8000
+    args = _gem_args(tmp_path, steps, "--gem-shift", shift)
     proc = train_background(WORKERS + 1, *args)
     err = signal_when(proc, _has_checkpoint(tmp_path))
     assert proc.returncode == 3, err
@@ -161,6 +174,90 @@ def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path):
     u = load_run(tmp_path / "run.h5").updates
     assert u["clock"].tolist() == list(range(WORKERS * steps))
     # each worker's m runs on across the resume in the replay, so the result matches the run
-    # only if the resumed workers got their m back
-    ref = replay(u, Quadratic(DIM, 0), "gem", LR, momentum=0.9, pi_max=PI_MAX)
+    # only if the resumed workers got their m (and, with paper, the master their s) back
+    ref = replay(u, Quadratic(DIM, 0), "gem", LR, momentum=0.9, pi_max=PI_MAX, shift=shift)
     assert np.array_equal(np.load(tmp_path / "theta.npy"), ref.theta)
+
+
+def _one_error(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("gem_mpi: error")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_resume_never_cuts_another_runs_metrics_file(tmp_path):
+    """Run A writes A.h5; run B checkpoints into c/; resuming B with --metrics A.h5 used to
+    exit 0 and cut A.h5 to B's 200 rows. Now: one line, exit 2, A.h5 untouched."""
+    a, c = tmp_path / "A.h5", tmp_path / "c"
+    c.mkdir()
+    res = train(WORKERS + 1, *_args(tmp_path, "--max-steps", "500", "--metrics", str(a)),
+                timeout=120)
+    assert res.returncode == 0, res.stderr
+    before = _sha(a)
+    res = train(WORKERS + 1, *_args(c, "--max-steps", "50"), timeout=120)
+    assert res.returncode == 0, res.stderr
+    res = train(WORKERS + 1, *_args(c, "--max-steps", "50", "--metrics", str(a), "--resume",
+                                    "auto", "--lr", "0.9"), timeout=120)
+    assert res.returncode == 2
+    assert "belongs to another run" in _one_error(res.stderr)
+    assert _sha(a) == before
+    assert load_run(a).updates["clock"].size == WORKERS * 500
+
+
+def test_a_resume_may_change_lr_recorded_and_nothing_else(tmp_path):
+    """η may change on a resume (the start-up line and the metrics file's resume_log say so,
+    with the update it took effect at); any other setting of the rule or the data is refused
+    with one line before anything is written."""
+    proc = train_background(WORKERS + 1, *_args(tmp_path))
+    err = signal_when(proc, _has_checkpoint(tmp_path))
+    assert proc.returncode == 3, err
+    metrics = tmp_path / "run.h5"
+    before = _sha(metrics)
+    for option, value in (("--momentum", "0.5"), ("--kappa", "2"), ("--gem-shift", "paper"),
+                          ("--eps", "1e-8"), ("--pi-max", "3"), ("--seed", "1")):
+        res = train(WORKERS + 1, *_args(tmp_path, option, value, "--resume", "auto"),
+                    timeout=120)
+        assert res.returncode == 2, (option, res.stderr)
+        assert f"{option} was " in _one_error(res.stderr)
+        assert "a resume may change only --lr" in res.stderr
+    assert _sha(metrics) == before
+    _, state = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    res = train(WORKERS + 1, *_args(tmp_path, "--lr", "0.02", "--resume", "auto"), timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "--lr 0.05 -> 0.02" in res.stderr
+    run = load_run(metrics)
+    log = json.loads(run.attrs["resume_log"])
+    assert log[-1]["clock"] == state["clock"] and log[-1]["changes"] == {"lr": [0.05, 0.02]}
+    assert run.summary["finished"] == 1.0
+
+
+def test_a_divergence_keeps_the_momentum_an_earlier_stop_saved(tmp_path):
+    """A GEM run is stopped (each worker saves m beside the checkpoint), resumed with an η
+    that diverges: the divergence must not replace those files (it used to)."""
+    args = _gem_args(tmp_path, 100000)
+    proc = train_background(WORKERS + 1, *args)
+    err = signal_when(proc, _has_checkpoint(tmp_path))
+    assert proc.returncode == 3, err
+    saved = {p.name: _sha(p) for p in tmp_path.glob("momentum_w*.h5")}
+    assert len(saved) == WORKERS
+    res = train(WORKERS + 1, *args, "--lr", "40", "--resume", "auto", timeout=120)
+    assert res.returncode == 4, res.stderr
+    assert {p.name: _sha(p) for p in tmp_path.glob("momentum_w*.h5")} == saved
+
+
+def test_a_flipped_bit_in_a_checkpoint_is_refused(tmp_path):
+    res = train(WORKERS + 1, *_args(tmp_path, "--max-steps", "200"), timeout=120)
+    assert res.returncode == 0, res.stderr
+    ckpt = checkpoint.latest(str(tmp_path))
+    with h5py.File(ckpt, "r+") as f:
+        theta = f["theta"][()]
+        theta.view(np.uint32)[7] ^= 1 << 3
+        f["theta"][...] = theta
+    res = train(WORKERS + 1, *_args(tmp_path, "--max-steps", "200", "--resume", ckpt),
+                timeout=120)
+    assert res.returncode == 2
+    assert "theta does not match its checksum" in _one_error(res.stderr)

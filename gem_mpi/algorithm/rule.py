@@ -106,11 +106,13 @@ class WorkerRule:
     """The worker's half: what it sends the master for each Δθ, in the layout
     :meth:`MasterRule.apply` reads."""
 
-    def __init__(self, optim: OptimConfig, like: Any) -> None:
-        """``like``: an array (numpy, or a torch tensor on the worker's device) of θ's size."""
+    def __init__(self, optim: OptimConfig, like: Any, resumed: bool = False) -> None:
+        """``like``: an array (numpy, or a torch tensor on the worker's device) of θ's size;
+        ``resumed``: this worker's updates before a checkpoint were applied, so with the
+        paper's shift the master holds its s already (the checkpoint carries it)."""
         self.momentum = Momentum.zeros_like(like, optim) if optim.method == GEM else None
         self.send_s_once = optim.gem_shift == SHIFT_PAPER
-        self.sent_s = False
+        self.sent_s = resumed
 
     def payload(self, delta: np.ndarray, s: np.ndarray, delta_on_device: Any = None,
                 to_host: Callable[[Any], np.ndarray] = np.asarray) -> tuple[np.ndarray, ...]:
@@ -136,6 +138,12 @@ class MasterRule:
         self.eps, self.pi_max = optim.eps, optim.pi_max
         self.keep_s = optim.gem_shift == SHIFT_PAPER
         self.floats = payload_floats(self.method, n_params)
+
+    def kept(self, payloads: np.ndarray) -> np.ndarray | None:
+        """The s the master keeps per worker (rows of the mailbox ``payloads``) under the
+        paper's shift, a view; None when it keeps none. A checkpoint holds it, so that a
+        resume continues each worker's shift exactly."""
+        return payloads[:, 2 * self.n:3 * self.n] if self.keep_s else None
 
     def apply(self, theta: np.ndarray, payload: np.ndarray,
               staleness: int) -> tuple[bool, GemStats | None]:

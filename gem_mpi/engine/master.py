@@ -60,7 +60,7 @@ class Master:
 
     def __init__(self, cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
                  kernel: Kernel, stop: StopFlag | None = None, resumed: dict | None = None,
-                 eval_threads: int | None = None) -> None:
+                 eval_threads: int | None = None, run_id: str | None = None) -> None:
         self.n_workers = layout.n_workers
         self.clock = resumed["clock"] if resumed else 0
         self.next_seq = (np.array(resumed["next_seq"], dtype=np.int64) if resumed
@@ -69,12 +69,15 @@ class Master:
                                  version0=self.clock,
                                  ticket0=resumed["tickets"] if resumed else 0)
         self.rule = MasterRule(cfg.optim, kernel, problem.n_params)
+        kept = self.rule.kept(self.ep.payloads)
+        if kept is not None and resumed and resumed.get("kept_s") is not None:
+            kept[...] = resumed["kept_s"]  # before any message is taken
         self.verbose = cfg.monitor.verbose
         self.exit_timeout = cfg.monitor.exit_timeout
         self.clock0 = self.clock  # where this run (or this resume of it) started
         self.sup = RunSupervisor(cfg, problem, self.n_workers, self, kernel.name,
                                  stop if stop is not None else StopFlag(), resumed, noun="update",
-                                 eval_threads=eval_threads)
+                                 eval_threads=eval_threads, run_id=run_id)
         self.done = 0  # workers whose budget is used up
         self.rejected: dict[int, int] = {}  # per worker
         self.timers = dict.fromkeys(("wait", "apply", "metrics", "mpi"), 0.0)
@@ -83,7 +86,8 @@ class Master:
 
     def state(self) -> dict:
         return {"theta": self.ep.theta, "clock": self.clock,
-                "tickets": self.ep.tickets_drawn(), "next_seq": self.next_seq}
+                "tickets": self.ep.tickets_drawn(), "next_seq": self.next_seq,
+                "kept_s": self.rule.kept(self.ep.payloads)}
 
     def run(self) -> Outcome:
         """Serve until every worker is done or the run ends otherwise; tell the workers, and

@@ -97,7 +97,7 @@ class _TorchSteps:
 
 
 def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
-               placement: Placement, start_seq: int = 0) -> int:
+               placement: Placement, start_seq: int = 0, run_id: str = "") -> int:
     """Train until the data budget is used (or the master stops the run early); returns the
     master's stop word (one of transport.endpoints' stop words).
 
@@ -114,12 +114,13 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
     directory = cfg.outputs.checkpoint_dir
     on_device = isinstance(steps_fn, _TorchSteps)
     rule = WorkerRule(cfg.optim, steps_fn.delta if on_device else np.zeros(problem.n_params,
-                                                                             np.float32))
+                                                                             np.float32),
+                      resumed=start_seq > 0)
     momentum = rule.momentum
     if momentum is not None:
         momentum.folded = start_seq
         if start_seq and directory:  # a stopped run's momentum, if it matches
-            found = checkpoint.load_worker_momentum(directory, rank, start_seq, cfg.as_dict())
+            found = checkpoint.load_worker_momentum(directory, rank, start_seq, run_id)
             if found is not None:
                 momentum.restore(found, start_seq)
     if cfg.monitor.verbose:
@@ -175,7 +176,6 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
     # from, and it must not replace the m an earlier stop saved beside the last good checkpoint
     if code == STOPPED and momentum is not None and directory:
         m, prev = momentum.arrays()
-        checkpoint.save_worker_momentum(directory, rank, momentum.folded, m, prev,
-                                        cfg.as_dict())
+        checkpoint.save_worker_momentum(directory, rank, momentum.folded, m, prev, run_id)
     ep.close()  # signs the roll: this worker's files are written
     return code

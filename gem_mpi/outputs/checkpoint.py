@@ -7,7 +7,13 @@ No RNG state needs storing: every random draw (θ₀, each worker's shuffles, dr
 is a function of (--seed, worker, epoch or step), so a resumed worker draws what the
 uninterrupted one would have.
 It is written to a temporary file, flushed and fsync'ed, then renamed over; the previous
-checkpoint is deleted only after that, so a valid one exists at every moment.
+checkpoint is deleted only after that, so a valid one exists at every moment. Each array
+carries its sha256, checked on load: a flipped bit is refused like a truncated file.
+
+A run has an id, drawn at its first start and kept by every checkpoint and by its metrics
+file: a resume continues (and cuts back) only the metrics file of its own run.
+Which settings may change on a resume is decided here (:data:`MAY_CHANGE`); the metrics file
+records every change with the update it took effect at.
 
 --method sync also stores the optimizer's momentum buffer (one flat array like θ), so its
 resume continues exactly. A GEM worker's momentum m lives on the worker: when a run is
@@ -19,7 +25,9 @@ no such files and m restarts at 0; the updates applied after the checkpoint are 
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import hashlib
 import json
 import os
 import re
@@ -28,24 +36,38 @@ import sys
 import h5py
 import numpy as np
 
+from gem_mpi.config import DataConfig, OptimConfig
 from gem_mpi.errors import OutputError, UsageError
 from gem_mpi.outputs.files import atomic_write, os_reason
 
-FORMAT = 1
+FORMAT = 2  # 2: run id and checksums
 NAME = "checkpoint_{clock:012d}.h5"
 _PATTERN = re.compile(r"checkpoint_(\d{12})\.h5$")
-# configuration fields a resumed run must share with the checkpoint
-MUST_MATCH = ("method", "model", "dataset", "quadratic_dim", "batch_size", "epochs",
-              "max_steps", "shard", "seed", "synthetic_size")
+ARRAYS = ("theta", "next_seq", "momentum", "kept_s")  # momentum: sync's; kept_s: GEM paper's s
+# Settings a resume may change: η (a new learning rate after a stop is a common wish; each
+# worker's Δθ simply uses the new one) and where the data lives. Every other option of the
+# update rule and of the data must match, since the state in the checkpoint (θ, each
+# worker's m and place in its data) was made by them; monitoring, outputs and runtime
+# options change nothing that is computed and may differ freely.
+MAY_CHANGE = ("lr", "data_dir")
+MUST_MATCH = tuple(f.name for sec in (OptimConfig, DataConfig) for f in dataclasses.fields(sec)
+                   if f.name not in MAY_CHANGE)
+RECORDED = tuple(f.name for sec in (OptimConfig, DataConfig) for f in dataclasses.fields(sec))
+
+
+def _sha256(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).reshape(-1)).hexdigest()
 
 
 def _write(tmp: str, theta: np.ndarray, state: dict) -> None:
+    arrays = {"theta": theta, "next_seq": np.asarray(state["next_seq"], dtype=np.int64),
+              "momentum": state.get("momentum"), "kept_s": state.get("kept_s")}
     with h5py.File(tmp, "w") as f:
         f.attrs["gem_mpi_checkpoint"] = FORMAT
-        f.create_dataset("theta", data=theta)
-        f.create_dataset("next_seq", data=np.asarray(state["next_seq"], dtype=np.int64))
-        if state.get("momentum") is not None:
-            f.create_dataset("momentum", data=state["momentum"])
+        f.attrs["run_id"] = state["run_id"]
+        for name, value in arrays.items():
+            if value is not None:
+                f.create_dataset(name, data=value).attrs["sha256"] = _sha256(value)
         for key in ("clock", "tickets", "rows_updates", "rows_eval", "rows_rejected"):
             f.attrs[key] = int(state[key])
         f.attrs["elapsed_s"] = float(state["elapsed_s"])
@@ -73,17 +95,16 @@ WORKER_MOMENTUM = "momentum_w{rank:05d}.h5"
 
 
 def save_worker_momentum(directory: str, rank: int, folded: int, m: np.ndarray,
-                         prev: np.ndarray, config: dict) -> None:
+                         prev: np.ndarray, run_id: str) -> None:
     """A stopping GEM worker's m (holding its first ``folded`` updates) and the m before the
     last of them; atomically, like a checkpoint. A failure is reported, not raised: the
     master's checkpoint is what matters, and m would merely restart at 0."""
     def write(tmp: str) -> None:
         with h5py.File(tmp, "w") as f:
             f.attrs["folded"] = int(folded)
-            f.attrs["config"] = json.dumps({k: config.get(k) for k in MUST_MATCH},
-                                           sort_keys=True)
-            f.create_dataset("m", data=m)
-            f.create_dataset("prev", data=prev)
+            f.attrs["run_id"] = run_id
+            for name, value in (("m", m), ("prev", prev)):
+                f.create_dataset(name, data=value).attrs["sha256"] = _sha256(value)
 
     try:
         atomic_write(os.path.join(directory, WORKER_MOMENTUM.format(rank=rank)), write)
@@ -93,22 +114,22 @@ def save_worker_momentum(directory: str, rank: int, folded: int, m: np.ndarray,
 
 
 def load_worker_momentum(directory: str, rank: int, start_seq: int,
-                         config: dict) -> np.ndarray | None:
-    """The saved m holding exactly this worker's first ``start_seq`` updates, or None."""
+                         run_id: str) -> np.ndarray | None:
+    """The saved m of this run holding exactly this worker's first ``start_seq`` updates,
+    intact, or None (m then restarts at 0; the start-up line counts the workers that got it)."""
     path = os.path.join(directory, WORKER_MOMENTUM.format(rank=rank))
     try:
         with h5py.File(path, "r") as f:
-            same_run = json.loads(f.attrs["config"]) == {k: config.get(k) for k in MUST_MATCH}
-            folded = int(f.attrs["folded"])
-            if not same_run:
+            if str(f.attrs["run_id"]) != run_id:
                 return None
-            if folded == start_seq:
-                return f["m"][()]
-            if folded - 1 == start_seq:
-                return f["prev"][()]
+            folded = int(f.attrs["folded"])
+            name = "m" if folded == start_seq else "prev" if folded - 1 == start_seq else None
+            if name is None:
+                return None
+            value = f[name][()]
+            return value if _sha256(value) == f[name].attrs["sha256"] else None
     except (OSError, KeyError, ValueError):
         return None
-    return None
 
 
 def latest(directory: str) -> str | None:
@@ -119,38 +140,54 @@ def latest(directory: str) -> str | None:
 
 
 def load(path: str) -> tuple[np.ndarray, dict]:
-    """θ and the state dict of a checkpoint; UsageError if it is not a readable one."""
+    """θ and the state dict of a checkpoint; UsageError if it is not a readable one, or if
+    an array does not match its checksum."""
     try:
         with h5py.File(path, "r") as f:
-            if f.attrs.get("gem_mpi_checkpoint") != FORMAT:
+            version = f.attrs.get("gem_mpi_checkpoint")
+            if version is None:
                 raise UsageError(f"--resume {path!r} is not a gem_mpi checkpoint")
-            theta = f["theta"][()]
+            if version != FORMAT:
+                raise UsageError(f"--resume {path!r}: checkpoint format {version}, this "
+                                 f"gem_mpi reads format {FORMAT} (written by another version: "
+                                 "resume with that one, or start afresh)")
             state = {k: int(f.attrs[k]) for k in ("clock", "tickets", "rows_updates",
                                                   "rows_eval", "rows_rejected", "n_workers")}
             state["elapsed_s"] = float(f.attrs["elapsed_s"])
             state["config"] = json.loads(f.attrs["config"])
-            state["next_seq"] = f["next_seq"][()]
-            state["momentum"] = f["momentum"][()] if "momentum" in f else None
+            state["run_id"] = str(f.attrs["run_id"])
+            for name in ARRAYS:
+                state[name] = f[name][()] if name in f else None
+                if name in f and _sha256(state[name]) != f[name].attrs["sha256"]:
+                    raise UsageError(f"--resume {path!r}: {name} does not match its checksum "
+                                     "(the file is damaged); resume from an older checkpoint "
+                                     "or start afresh")
     except (OSError, KeyError, ValueError) as exc:
         raise UsageError(f"--resume {path!r}: not a readable checkpoint ({exc})") from None
+    theta = state.pop("theta")
     if theta.dtype != np.float32 or theta.ndim != 1:
         raise UsageError(f"--resume {path!r}: θ has dtype {theta.dtype}, shape {theta.shape}")
     return theta, state
 
 
-def check_compatible(state: dict, theta: np.ndarray, config: dict, n_workers: int,
-                     n_params: int, path: str) -> None:
-    """A checkpoint of another model, size or setting cannot be continued: say which."""
-    if theta.size != n_params:
-        raise UsageError(f"--resume {path!r} holds {theta.size} parameters, this model has "
-                         f"{n_params}")
+def check_compatible(state: dict, config: dict, n_workers: int, path: str) -> None:
+    """A checkpoint of another setting or size of job cannot be continued: say which."""
     if state["n_workers"] != n_workers:
         raise UsageError(f"--resume {path!r} was written by a run of {state['n_workers']} "
                          f"workers, this one has {n_workers}")
     for key in MUST_MATCH:
         if state["config"].get(key) != config.get(key):
             raise UsageError(f"--resume {path!r}: --{key.replace('_', '-')} was "
-                             f"{state['config'].get(key)!r}, now {config.get(key)!r}")
+                             f"{state['config'].get(key)!r}, now {config.get(key)!r}; a resume "
+                             f"may change only {', '.join('--' + k.replace('_', '-') for k in MAY_CHANGE)} "
+                             "of the update rule and the data")
+
+
+def changes(state: dict, config: dict) -> dict[str, list]:
+    """The settings of the update rule and the data that this resume changes: name ->
+    [before, now] (only :data:`MAY_CHANGE` can be there once check_compatible passed)."""
+    before = state["config"]
+    return {k: [before.get(k), config.get(k)] for k in RECORDED if before.get(k) != config.get(k)}
 
 
 def resolve(resume: str, directory: str | None) -> str | None:

@@ -143,7 +143,11 @@ class MetricsWriter:
         flush_seconds: float = 2.0,
         resume_rows: tuple[int, int, int] | None = None,
         min_free_bytes: int = 0,
+        run_id: str = "",
+        resume_log: dict | None = None,
     ) -> None:
+        """``resume_rows``: continue this run's file, cut back to these rows; ``resume_log``:
+        this start is a resume (at which update, from which checkpoint, changing what)."""
         self.path = path
         self.flush_seconds = flush_seconds
         self.min_free_bytes = min_free_bytes
@@ -153,7 +157,7 @@ class MetricsWriter:
         self.closed = False
         self.summary_fields = summary_fields(config["method"])
         if resume_rows is not None:
-            self._reopen(resume_rows)
+            self._reopen(resume_rows, resume_log)
             return
         # no chunk cache: a failed write (disk full) then raises at once, in our call,
         # instead of when HDF5 evicts the chunk later, or at exit
@@ -166,6 +170,9 @@ class MetricsWriter:
         f.attrs["n_workers"] = n_workers
         f.attrs["kernel"] = kernel
         f.attrs["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        f.attrs["run_id"] = run_id
+        if resume_log is not None:  # a resumed run whose metrics file starts here
+            _log_resume(f, resume_log)
         t = f.create_group("tensors")
         t.create_dataset("name", data=np.array(tensor_names, dtype=h5py.string_dtype()))
         t.create_dataset("size", data=np.asarray(tensor_sizes, dtype=np.int64))
@@ -189,8 +196,9 @@ class MetricsWriter:
         f.swmr_mode = True
         self._last_flush = time.monotonic()
 
-    def _reopen(self, rows: tuple[int, int, int]) -> None:
-        """Continue a checkpointed run's file: cut every table back to the checkpoint's rows."""
+    def _reopen(self, rows: tuple[int, int, int], log: dict | None) -> None:
+        """Continue a checkpointed run's file (:func:`check_resumable` made sure it is this
+        run's): cut every table back to the checkpoint's rows."""
         from gem_mpi.errors import UsageError
 
         try:
@@ -228,6 +236,8 @@ class MetricsWriter:
         if "worker_time" in f["summary"]:
             f["summary"]["worker_time"][...] = np.nan
         f.attrs["resumes"] = int(f.attrs.get("resumes", 0)) + 1
+        if log is not None:
+            _log_resume(f, log)
         f.swmr_mode = True
         self._last_flush = time.monotonic()
 
@@ -320,6 +330,50 @@ class MetricsWriter:
         except (OSError, RuntimeError) as exc:
             self._fail(exc, good)
         self.closed = True
+
+
+def _log_resume(f: h5py.File, entry: dict) -> None:
+    """Append a resume to the file's ``resume_log`` (JSON list): the update it continued at,
+    the checkpoint, and the settings it changed (name -> [before, now]); rows from that
+    clock on were made with the changed settings."""
+    log = json.loads(f.attrs.get("resume_log", "[]"))
+    log.append(entry)
+    f.attrs["resume_log"] = json.dumps(log, sort_keys=True)
+
+
+def check_resumable(path: str, run_id: str, checkpoint_path: str,
+                    rows: tuple[int, int, int]) -> None:
+    """Before a resume writes anything: a metrics file that exists must be the checkpoint's
+    run's own and hold at least the rows the checkpoint counts; UsageError otherwise (the file
+    is only read). A file that does not exist yet is started afresh."""
+    from gem_mpi.errors import UsageError
+
+    if not os.path.exists(path):
+        return
+    try:
+        try:
+            f = h5py.File(path, "r", libver="latest")
+        except OSError as exc:
+            if "already open for write" not in str(exc):
+                raise
+            f = h5py.File(path, "r", libver="latest", swmr=True)  # its writer was killed
+    except OSError as exc:
+        raise UsageError(f"--metrics {path!r}: cannot be read to resume ({exc}); nothing was "
+                         "written to it") from None
+    with f:
+        if "gem_mpi_schema" not in f.attrs:
+            raise UsageError(f"--metrics {path!r} is not a gem_mpi metrics file; nothing was "
+                             "written to it")
+        owner = str(f.attrs.get("run_id", ""))
+        if owner != run_id:
+            raise UsageError(f"--metrics {path!r} belongs to another run (id {owner or 'none'}"
+                             f") than the checkpoint {checkpoint_path!r} (run {run_id}): a "
+                             "resume would cut its rows, so it is left untouched; give this "
+                             "run its own --metrics path")
+        held = f["updates/clock"].shape[0] if "updates/clock" in f else 0
+        if held < rows[0]:
+            raise UsageError(f"--metrics {path!r} holds {held} update rows, fewer than the "
+                             f"{rows[0]} the checkpoint counts: not this run's file as it was")
 
 
 def _rewrite_after_crash(path: str) -> None:

@@ -14,6 +14,7 @@ import enum
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -135,20 +136,27 @@ class RunSupervisor:
     def __init__(self, cfg: Config, problem: Problem, n_workers: int, engine: Stateful,
                  kernel_name: str, stop: StopFlag, resumed: dict | None = None,
                  noun: str = "update", eval_problem: Problem | None = None,
-                 eval_threads: int | None = None) -> None:
+                 eval_threads: int | None = None, run_id: str | None = None) -> None:
         self.cfg, self.monitor, self.outputs = cfg, cfg.monitor, cfg.outputs
         self.problem, self.n_workers, self.noun, self.stop = problem, n_workers, noun, stop
         self.remedy = "Lower --lr" if cfg.method == SYNC else "Lower --lr (or --kappa)"
         self.evaluator = Evaluator(cfg.data, cfg.monitor, eval_problem or problem, noun=noun,
                                    threads=eval_threads)
+        # the run's id: drawn at its first start, kept by its checkpoints and metrics file
+        self.run_id = run_id or (resumed["run_id"] if resumed else uuid.uuid4().hex)
         self.metrics = None
         if self.outputs.metrics:
-            rows = None
-            if resumed and os.path.exists(self.outputs.metrics):
-                rows = (resumed["rows_updates"], resumed["rows_eval"], resumed["rows_rejected"])
+            rows, log = None, None
+            if resumed:
+                log = {"clock": resumed["clock"], "checkpoint": resumed["path"],
+                       "changes": resumed["changes"]}
+                if os.path.exists(self.outputs.metrics):
+                    rows = (resumed["rows_updates"], resumed["rows_eval"],
+                            resumed["rows_rejected"])
             self.metrics = self.evaluator.metrics = MetricsWriter(
                 self.outputs.metrics, cfg.as_dict(), problem.names, problem.sizes, n_workers,
                 kernel_name, resume_rows=rows, min_free_bytes=self.monitor.min_free_bytes,
+                run_id=self.run_id, resume_log=log,
             )
         self.progress = Progress(self.monitor.log_every, unit="upd" if noun == "update"
                                  else "step", noun=f"{noun}s")
@@ -164,8 +172,8 @@ class RunSupervisor:
         self.summary: dict = {}  # what the metrics file's /summary holds, once the run ended
 
     # --- the parts of a checkpoint that are the supervisor's --------------------------------
-    def state(self) -> dict[str, float]:
-        return {"elapsed_s": self.elapsed()}
+    def state(self) -> dict[str, float | str]:
+        return {"elapsed_s": self.elapsed(), "run_id": self.run_id}
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0

@@ -90,6 +90,11 @@ class MasterEndpoint(_Endpoint):
         so workers' RMA on rank 0 completes on every stack (see :class:`Progress`)."""
         return Backoff(first, limit, progress=self.progress)
 
+    @property
+    def payloads(self) -> np.ndarray:
+        """Every slot's payload area, one row per worker (rank 0's own memory)."""
+        return self.mailbox.payloads
+
     def ready(self) -> np.ndarray:
         """Slots with a message waiting, lowest ticket first."""
         return self.mailbox.ready()
