@@ -134,6 +134,20 @@ munge_up() { live_pid /run/munge/munged.pid munged >/dev/null; }
 ctld_up() { live_pid "$STATE/slurmctld.pid" slurmctld >/dev/null; }
 slurmd_up() { live_pid "$STATE/slurmd.pid" slurmd >/dev/null; }
 
+# Runs a daemon with no file descriptor open beyond 0-2: one inherited from the caller
+# would live on in the daemon. Under `flock LOCK pytest tests/test_slurm.py` munged kept the
+# lock's descriptor, and so the lock, long after the tests ended.
+without_inherited_fds() { # command...
+  (
+    local fd
+    for fd in /proc/"$BASHPID"/fd/*; do
+      fd="${fd##*/}"
+      ((fd > 2)) && eval "exec $fd>&-" 2>/dev/null
+    done
+    exec "$@"
+  )
+}
+
 start_munge() {
   munge_up && return 0
   install -d -o munge -g munge -m 0755 /run/munge
@@ -144,7 +158,7 @@ start_munge() {
     chown munge:munge /etc/munge/munge.key
     chmod 0400 /etc/munge/munge.key
   fi
-  runuser -u munge -- /usr/sbin/munged
+  without_inherited_fds runuser -u munge -- /usr/sbin/munged
   local i
   for ((i = 0; i < 50; i++)); do
     munge_up && return 0
@@ -232,11 +246,11 @@ cmd_start() {
   fi
   if ! ctld_up; then
     say "starting slurmctld"
-    slurmctld
+    without_inherited_fds slurmctld
   fi
   if ! slurmd_up; then
     say "starting slurmd"
-    slurmd
+    without_inherited_fds slurmd
   fi
   wait_ready
   say "ready: node $(node_name), $(sinfo -h -N -o '%c CPUs, partition %P, %T' | head -n1)"
