@@ -264,6 +264,68 @@ def test_requeued_run_finishes_with_every_update_once(slurm, tmp_path):
     assert run.summary["finished"] == 1.0
 
 
+def _task_pid(job: str, rank: int) -> int | None:
+    """The pid of the job's python rank ``rank`` (srun's task: jobs/lib/bind.sh execs it)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"gem_mpi.train" in argv and f"SLURM_JOB_ID={job}".encode() in environ and \
+                f"SLURM_PROCID={rank}".encode() in environ:
+            return int(proc.name)
+    return None
+
+
+@pytest.mark.parametrize("rank", [2, 0], ids=["worker", "master"])
+def test_a_killed_rank_ends_the_job_and_resume_auto_finishes(slurm, tmp_path, rank):
+    """SIGKILL of one rank (no MPI_Abort: an OOM kill, a lost node): the step ends within
+    seconds, not after --worker-timeout 1800 (a dead worker) or never (a dead master: the
+    workers would poll its stop word); the job fails. The scripts pass srun
+    --kill-on-bad-exit=1 for that; here (Open MPI 4.1, srun --mpi=pmix) Open MPI also learns
+    of the lost rank from PMIx and ends the step itself, so only the option's presence tells
+    the two apart: plain srun leaves a step with a killed task running. A new job with the
+    run's name resumes from its periodic checkpoint and completes the budget, every update
+    once."""
+    steps = 30000
+    args = f"{QUAD} --max-steps {steps} --checkpoint-every 1 --worker-timeout 1800"
+    env = job_env(tmp_path, GEM_TRAIN_ARGS=args)
+    job = sbatch(JOBS / "gem_mnist_100.sbatch", "--ntasks=3", env=env, cwd=tmp_path)
+    stem = tmp_path / "runs" / f"gem_mnist_100_{job}"
+    log_path = tmp_path / f"gem_mnist_100_{job}.out"
+    deadline = time.monotonic() + 90
+    pid = None
+    while time.monotonic() < deadline:
+        assert records(job)[0]["JobState"] not in ENDED, logs(tmp_path)
+        pid = _task_pid(job, rank)
+        if pid and list(stem.with_suffix(".ckpt").glob("checkpoint_*.h5")):
+            break
+        time.sleep(0.2)
+    assert pid, f"no checkpoint or no rank {rank} after 90 s\n{logs(tmp_path)}"
+    os.kill(pid, 9)
+    t0 = time.monotonic()
+    [rec] = wait(job, 60, tmp_path)  # fails the test (and cancels the job) after 60 s
+    took = time.monotonic() - t0
+    log = log_path.read_text()
+    assert rec["JobState"] == "FAILED" and rec["ExitCode"] != "0:0", log
+    assert took < 60 and "--kill-on-bad-exit=1" in log
+    assert "gem_jobs: done" not in log
+
+    env = job_env(tmp_path, GEM_TRAIN_ARGS=args, GEM_RUN_NAME=stem.name)
+    again = sbatch(JOBS / "gem_mnist_100.sbatch", "--ntasks=3", env=env, cwd=tmp_path)
+    [rec] = wait(again, 150, tmp_path)
+    log = (tmp_path / f"gem_mnist_100_{again}.out").read_text()
+    ended_ok(rec, log)
+    assert f"; resuming {stem}.ckpt/checkpoint_" in log
+    run = load_run(stem.with_suffix(".h5"))
+    u = run.updates
+    pairs = Counter(zip(u["worker"].tolist(), u["seq"].tolist()))
+    assert set(pairs) == {(w, s) for w in (1, 2) for s in range(steps)}
+    assert max(pairs.values()) == 1  # none lost, none twice
+    assert run.summary["finished"] == 1.0
+
+
 def test_sync_baseline_job_trains_every_rank_a_worker(slurm, tmp_path):
     """The synchronous baseline as a batch job: 2 tasks are 2 workers (no master), the
     effective batch splits over both, the run writes its step metrics and its model. The

@@ -173,7 +173,8 @@ gem_setup_env() {
 
 # Checks the options with gem_mpi's own validation (gem_mpi.config), in one process, before
 # launching every rank: a bad option costs a second, not a 101-rank start. The data is
-# checked later, by rank 0 of the real run. Exits 2 with gem_mpi's message on a bad option;
+# checked too (present, intact, a batch for each worker's share: gem_mpi.config.validate),
+# and again by rank 0 of the real run. Exits 2 with gem_mpi's message on a bad option;
 # does nothing if this gem_mpi has no such validation (then the run reports it).
 gem_preflight() { # ntasks train-args...
   local msg rc=0
@@ -212,10 +213,14 @@ gem_launch_cmd() { # n command...
   case "${GEM_LAUNCHER:-srun}" in
     srun)
       read -r -a extra <<<"${GEM_SRUN_ARGS:-}"
-      # no --kill-on-bad-exit: gem_mpi's ranks all exit with the run's code (2: bad input, 3:
-      # stopped) and srun would kill the slower ones, turning the code into 143; an error in
-      # one rank makes gem_mpi call MPI_Abort, which ends the whole step anyway
-      GEM_CMD=(srun --mpi="${GEM_SRUN_MPI:-pmix}" --ntasks="$n")
+      # --kill-on-bad-exit: a rank that dies without MPI_Abort (SIGKILL, the OOM killer, a
+      # segfault, a lost node) ends the step at once; without it the workers would poll a
+      # dead master's stop word forever, or the master wait --worker-timeout for a dead
+      # worker. Every rank of a run exits with the run's code (2 bad input, 3 stopped, 4
+      # diverged), the files written before any rank exits; srun may still end the slower
+      # ranks and report 143 instead. A stop at the time limit requeues all the same (the
+      # script knows it sent SIGUSR1), and gem_mpi's own line in the log says what happened
+      GEM_CMD=(srun --mpi="${GEM_SRUN_MPI:-pmix}" --ntasks="$n" --kill-on-bad-exit=1)
       # Slurm 22.05's srun does not inherit sbatch's --cpus-per-task
       [[ -z ${SLURM_CPUS_PER_TASK:-} ]] || GEM_CMD+=(--cpus-per-task="$SLURM_CPUS_PER_TASK")
       ;;
