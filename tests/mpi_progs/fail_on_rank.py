@@ -8,10 +8,10 @@ bad_rank = int(sys.argv[1])
 real_run = train.run
 
 
-def failing_run(cfg, comm):
+def failing_run(cfg, comm, *rest):
     if comm.Get_rank() == bad_rank:
         raise RuntimeError(f"injected failure on rank {bad_rank}")
-    return real_run(cfg, comm)
+    return real_run(cfg, comm, *rest)
 
 
 train.run = failing_run
