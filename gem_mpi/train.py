@@ -33,18 +33,13 @@ def _check_on_master(cfg: config.Config, size: int) -> dict | None:
     """Every check that can be made before any work; returns the checkpoint to resume."""
     from gem_mpi.algorithm.kernel import kernel_threads
 
-    config.validate(cfg, size)
+    config.validate(cfg, size)  # the data too: there, intact, and a batch per worker
     if cfg.method == config.SYNC:
         from gem_mpi.baseline.sync import check_horovod
 
         check_horovod()
     else:
         kernel_threads()  # GEM_NUM_THREADS
-    if cfg.data.model != config.QUADRATIC:
-        from gem_mpi.problem.data import check_dataset, dataset_spec
-
-        dataset_spec(cfg.data.dataset, cfg.data.model)  # combinations that cannot work
-        check_dataset(cfg.data.dataset, cfg.data.data_dir)
     return _resume(cfg, config.n_workers(cfg, size))
 
 
