@@ -34,6 +34,11 @@ DATASETS = ("fashion-mnist", "mnist", "imagenet", "synthetic")
 SHIFT_OTHERS, SHIFT_PAPER = "others", "paper"  # GEM's two readings of the shift |θ − s|
 GEM_SHIFTS = (SHIFT_OTHERS, SHIFT_PAPER)
 
+
+def is_plugin(name: str) -> bool:
+    """``MODULE:FUNCTION``: the user's own model, dataset or loss, not a built-in name."""
+    return ":" in name
+
 Check = tuple[Callable[[Any], bool], str]  # (is it valid?, what "must be" says otherwise)
 
 
@@ -100,8 +105,17 @@ class DataConfig:
     """What is trained, on which data, and each worker's budget."""
 
     model: str = opt("mnist-cnn", f"model: {', '.join(MODELS)} (quadratic: a convex test "
-                     "problem in numpy, no torch, for checks and transport benchmarks)")
-    dataset: str = opt("fashion-mnist", f"dataset: {', '.join(DATASETS)}")
+                     "problem in numpy, no torch, for checks and transport benchmarks), or "
+                     "your own as MODULE:FUNCTION, FUNCTION() returning a torch.nn.Module",
+                     metavar="MODEL")
+    dataset: str = opt("fashion-mnist", f"dataset: {', '.join(DATASETS)}, or your own as "
+                       "MODULE:FUNCTION, FUNCTION(split) returning a map-style dataset of "
+                       "(input, target) pairs for split 'train' and 'test'", metavar="DATASET")
+    loss: str | None = opt(None, "training loss: cross_entropy, nll, mse, or MODULE:FUNCTION "
+                           "(FUNCTION(output, target) returning the batch's mean loss as a "
+                           "scalar tensor); default: nll for the built-in models (they end in "
+                           "log_softmax), cross_entropy for a model of your own",
+                           metavar="LOSS")
     data_dir: str | None = opt(None, "dataset location (default: Debian's "
                                "/usr/share/datasets/fashion-mnist, then ~/.cache/gem_mpi/data)")
     batch_size: int = opt(64, "worker mini-batch b", check=POSITIVE)
@@ -324,12 +338,20 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         )
     if method not in METHODS:
         raise UsageError(f"unknown --method {method!r}; choose from {', '.join(METHODS)}")
-    if model not in MODELS:
-        raise UsageError(f"unknown --model {model!r}; choose from {', '.join(MODELS)}")
-    if dataset not in DATASETS:
-        raise UsageError(f"unknown --dataset {dataset!r}; choose from {', '.join(DATASETS)}")
+    if model not in MODELS and not is_plugin(model):
+        raise UsageError(f"unknown --model {model!r}; choose from {', '.join(MODELS)}, or "
+                         "give your own as MODULE:FUNCTION")
+    if dataset not in DATASETS and not is_plugin(dataset):
+        raise UsageError(f"unknown --dataset {dataset!r}; choose from {', '.join(DATASETS)}, "
+                         "or give your own as MODULE:FUNCTION")
     if model == QUADRATIC and dataset != "synthetic":
         raise UsageError("--model quadratic uses no data: pass --dataset synthetic")
+    if model == QUADRATIC and cfg.data.loss:
+        raise UsageError("--model quadratic has its own objective: --loss does not apply")
+    if is_plugin(dataset) and not is_plugin(model):
+        raise UsageError(f"--dataset {dataset!r} is a dataset of your own and --model {model} "
+                         "is built for the built-in datasets; give a model of your own too "
+                         "(--model MODULE:FUNCTION)")
     if method == SYNC and model == QUADRATIC:
         raise UsageError("--method sync trains torch models (Horovod): --model quadratic is "
                          "for the asynchronous methods only")
@@ -359,8 +381,16 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
     _check_threads(cfg.runtime.threads)
     if model == QUADRATIC:
         _check_quadratic_memory(cfg, world_size)
-    if data and model in TORCH_MODELS:
-        _check_data(cfg, world_size)
+    if model != QUADRATIC:
+        from gem_mpi.problem.loss import make_loss
+
+        loss = make_loss(cfg.data.loss, model)  # a name it knows, or a function it finds
+        if data:
+            _check_data(cfg, world_size)
+            if is_plugin(model):  # the user's code: build it and try one batch
+                from gem_mpi.problem.user import check
+
+                check(cfg.data, loss, cfg.data.batch_size)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -437,7 +467,8 @@ def _check_data(cfg: Config, world_size: int) -> None:
     from gem_mpi.problem.data import check_dataset, dataset_spec
 
     d = cfg.data
-    dataset_spec(d.dataset, d.model)  # combinations that cannot work
+    if not is_plugin(d.dataset):
+        dataset_spec(d.dataset, d.model)  # combinations that cannot work
     shards = n_workers(cfg, world_size) if d.shard else 1
     need = d.batch_size * shards
     if d.dataset == "synthetic":

@@ -421,6 +421,7 @@ def test_gpu_binding_by_local_rank_under_srun_and_mpirun(slurm, tmp_path):
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_scripts_are_shellcheck_clean():
     scripts = [*JOBS.glob("*.sbatch"), *JOBS.glob("*.sh"), *JOBS.glob("lib/*.sh"),
+               *(REPO / "examples").glob("*/*.sbatch"),
                REPO / "tools" / "slurm_local.sh"]
     res = subprocess.run(["shellcheck", "-x", "-s", "bash", *map(str, scripts)], cwd=REPO,
                          capture_output=True, text=True, timeout=120, check=False)

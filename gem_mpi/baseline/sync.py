@@ -68,10 +68,9 @@ class SyncTrainer:
                  theta: np.ndarray | None = None, momentum: np.ndarray | None = None) -> None:
         import horovod.torch as hvd
         import torch
-        import torch.nn.functional as F
         from horovod.common.exceptions import HorovodInternalError
 
-        self.torch, self.F, self.hvd = torch, F, hvd
+        self.torch, self.hvd = torch, hvd
         self.hvd_failure = HorovodInternalError  # what a step raises once Horovod shut down
         timeout = cfg.monitor.worker_timeout
         if timeout:
@@ -87,6 +86,7 @@ class SyncTrainer:
         self.n_workers = comm.Get_size()
         self.device = torch_device(cfg.runtime.threads, placement)
         self.model = problem.model.to(self.device)
+        self.loss = problem.loss.mean
         self.model.train()
         self.params = list(self.model.parameters())
         opt = torch.optim.SGD(self.params, lr=cfg.optim.lr, momentum=cfg.optim.momentum)
@@ -117,7 +117,7 @@ class SyncTrainer:
         x, y = next(self.batches)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.opt.zero_grad()
-        loss = self.F.nll_loss(self.model(x), y)
+        loss = self.loss(self.model(x), y)
         loss.backward()  # Horovod's hooks start the allreduces here, tensor by tensor
         value = float(loss.detach())
         compute_s = time.perf_counter() - t0
@@ -141,8 +141,9 @@ class SyncTrainer:
 
 
 def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Placement,
-             stop: StopFlag, resumed: dict | None) -> Outcome:
-    """Train to the end of the data budget (or a stop); every rank returns the outcome."""
+             stop: StopFlag, resumed: dict | None, result: dict | None = None) -> Outcome:
+    """Train to the end of the data budget (or a stop); every rank returns the outcome.
+    ``result``, if given, receives rank 0's final θ."""
     rank = comm.Get_rank()
     start, theta, momentum = 0, None, None
     # rank 0 alone has read the checkpoint, if any
@@ -165,7 +166,10 @@ def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Plac
             f"effective batch {n} × {cfg.data.batch_size}, device {trainer.device}"
             + (f"; resuming {resumed['path']} at step {start}" if resumed else ""))
     try:
-        return SyncRun(cfg, comm, problem, trainer, stop, resumed).run(start)
+        outcome = SyncRun(cfg, comm, problem, trainer, stop, resumed).run(start)
+        if result is not None and rank == ROOT:
+            result["theta"] = trainer.theta()
+        return outcome
     finally:
         trainer.close()
 
@@ -283,7 +287,7 @@ class SyncRun:
 
     def _done_line(self, s: dict) -> str:
         sup = self.sup
+        acc = "n/a" if np.isnan(s["test_accuracy"]) else f"{100 * s['test_accuracy']:.2f} %"
         return (f"done: {s['updates']} synchronous steps of {self.n} workers in "
                 f"{s['wall_s']:.1f} s ({s['updates'] / max(s['wall_s'] - sup.elapsed0, 1e-9):.2f}"
-                f" steps/s), test loss {s['test_loss']:.4f}, test accuracy "
-                f"{100 * s['test_accuracy']:.2f} %")
+                f" steps/s), test loss {s['test_loss']:.4f}, test accuracy {acc}")

@@ -35,7 +35,6 @@ def _ceiling_process(options: dict, worker: int, n: int, steps: int, barrier: ob
                      out: object) -> None:
     """One process of the ceiling: set up, wait for the others, then time ``steps`` steps."""
     import torch
-    import torch.nn.functional as F
 
     from gem_mpi.config import Config
     from gem_mpi.problem import build_problem
@@ -43,7 +42,8 @@ def _ceiling_process(options: dict, worker: int, n: int, steps: int, barrier: ob
 
     torch.set_num_threads(1)
     cfg = Config.of(**options)
-    model = build_problem(cfg.data, with_theta0=False).model
+    problem = build_problem(cfg.data, with_theta0=False)
+    model = problem.model
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum)
     _, batches = data_stream(cfg.data, worker, n)
@@ -52,7 +52,7 @@ def _ceiling_process(options: dict, worker: int, n: int, steps: int, barrier: ob
         seed_dropout(cfg.data.seed, worker, i)
         x, y = next(batches)
         opt.zero_grad()
-        F.nll_loss(model(x), y).backward()
+        problem.loss.mean(model(x), y).backward()
         opt.step()
 
     for i in range(10):  # warm-up, as the workers' first steps are

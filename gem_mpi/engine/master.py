@@ -99,6 +99,7 @@ class Master:
                 "held NaN or Inf): θ never moved. Lower --lr (or --kappa), or look at the "
                 "data")
             outcome = Outcome.FAILED
+        self.final_theta = self.ep.theta.copy()  # θ's window is freed at the shutdown
         missing = self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED), self.exit_timeout)
         if missing:
             code = EXIT_CODES[outcome]

@@ -49,12 +49,12 @@ class _TorchSteps:
     def __init__(self, cfg: Config, problem: Problem, rank: int, n_workers: int,
                  placement: Placement, start_seq: int = 0) -> None:
         import torch
-        import torch.nn.functional as F
 
-        self.torch, self.F = torch, F
+        self.torch = torch
         self.device = torch_device(cfg.runtime.threads, placement)
         self.seed, self.rank = cfg.data.seed, rank
         self.model = problem.model.to(self.device)
+        self.loss = problem.loss.mean
         self.model.train()
         self.params = list(self.model.parameters())
         n = problem.n_params
@@ -82,7 +82,7 @@ class _TorchSteps:
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         for p in self.params:
             p.grad = None
-        loss = self.F.nll_loss(self.model(x), y)
+        loss = self.loss(self.model(x), y)
         loss.backward()
         torch.cat([p.grad.reshape(-1) for p in self.params], out=self.delta)
         self.delta.mul_(-self.lr)  # Δθ, on the device

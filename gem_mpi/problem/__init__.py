@@ -22,6 +22,7 @@ class Problem:
     theta0: np.ndarray | None
     model: object | None = None  # torch.nn.Module for torch models
     quadratic: Quadratic | None = None
+    loss: object | None = None  # problem.loss.Loss for torch models: what workers minimise
 
     @property
     def n_params(self) -> int:
@@ -40,15 +41,21 @@ def build_problem(data: DataConfig, with_theta0: bool) -> Problem:
     import torch
 
     from gem_mpi.problem.data import dataset_spec
+    from gem_mpi.problem.loss import make_loss
     from gem_mpi.problem.models import build_model
+    from gem_mpi.problem.user import build_model as build_users_model
+    from gem_mpi.problem.user import is_plugin
 
     torch.manual_seed(data.seed)  # θ₀ is a function of --seed alone
-    model = build_model(data.model, dataset_spec(data.dataset, data.model))
+    if is_plugin(data.model):
+        model = build_users_model(data.model)
+    else:
+        model = build_model(data.model, dataset_spec(data.dataset, data.model))
     params = list(model.named_parameters())
     names = [n for n, _ in params]
     sizes = [p.numel() for _, p in params]
     theta0 = flatten([p for _, p in params]) if with_theta0 else None
-    return Problem(names, sizes, theta0, model=model)
+    return Problem(names, sizes, theta0, model=model, loss=make_loss(data.loss, data.model))
 
 
 def unflatten(flat: object, params: list) -> list:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gem_mpi.config import DATASETS, TORCH_MODELS
+from gem_mpi.config import DATASETS, TORCH_MODELS, is_plugin
 from gem_mpi.errors import DataError, UsageError
 
 SPLITS = ("train", "test")
@@ -66,7 +66,7 @@ def _names(values: Iterable[str]) -> str:
 
 
 def _check_dataset_name(dataset: str) -> None:
-    if dataset not in DATASETS:
+    if dataset not in DATASETS and not is_plugin(dataset):
         raise UsageError(f"unknown dataset {dataset!r}; choose one of: {_names(DATASETS)}")
 
 
@@ -76,8 +76,15 @@ def _check_split_name(split: str) -> None:
 
 
 def dataset_spec(dataset: str, model: str) -> DataSpec:
-    """The input shape `model` sees on `dataset` (AlexNet gets MNIST-like images upsampled)."""
+    """The input shape `model` sees on `dataset` (AlexNet gets MNIST-like images upsampled;
+    a model of the user's own gets each dataset's natural images)."""
     _check_dataset_name(dataset)
+    if is_plugin(dataset):
+        raise UsageError(f"--dataset {dataset!r} is a dataset of your own and --model "
+                         f"{model} is built for the built-in datasets; give a model of your own "
+                         "too (--model MODULE:FUNCTION)")
+    if is_plugin(model):
+        model = "mnist-cnn" if dataset != "imagenet" else "resnet18"
     if model not in TORCH_MODELS:
         raise UsageError(f"unknown model {model!r}; choose one of: {_names(TORCH_MODELS)}")
     if dataset in ("fashion-mnist", "mnist"):
@@ -375,6 +382,8 @@ def check_dataset(dataset: str, data_dir: str | None, at_least: int = 1) -> int:
     counted up to ``at_least`` only.
     """
     _check_dataset_name(dataset)
+    if is_plugin(dataset):
+        return len(load_split(dataset, data_dir, "train", ""))
     if dataset == "synthetic":
         return 0
     if dataset == "imagenet":
@@ -399,7 +408,7 @@ class Split:
 
     dataset: str
     split: str
-    spec: DataSpec
+    spec: DataSpec | None  # None: the user's dataset, whose model is the user's too
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -490,6 +499,27 @@ class ImageFolderSplit(Split):
             yield x, y.to(torch.int64)
 
 
+class UserSplit(Split):
+    """A split of the user's own map-style dataset, batched as torch's DataLoader would."""
+
+    def __init__(self, name: str, split: str) -> None:
+        from gem_mpi.problem.user import load_dataset
+
+        self.dataset, self.split, self.spec = name, split, None
+        self.data = load_dataset(name, split)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def _batches(
+        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int, start: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        from gem_mpi.problem.user import collate
+
+        for indices in plan:
+            yield collate(self.data, self.dataset, self.split, indices.tolist())
+
+
 class _ListPlan:
     """A batch plan in the list-of-ints form DataLoader's batch_sampler expects."""
 
@@ -548,6 +578,8 @@ def load_split(
     """
     _check_dataset_name(dataset)
     _check_split_name(split)
+    if is_plugin(dataset):
+        return UserSplit(dataset, split)
     spec = dataset_spec(dataset, model)
     if dataset == "synthetic":
         size = _SYNTHETIC_DEFAULT_SIZE[split] if synthetic_size is None else synthetic_size

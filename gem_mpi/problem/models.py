@@ -1,4 +1,5 @@
-"""Models that all end in log_softmax, so every training loop can use `F.nll_loss`.
+"""The built-in models, which all end in log_softmax (so their default --loss is nll), and
+the evaluation of any model.
 
 torchvision is imported only when AlexNet or ResNet-18 is built; the paper's MNIST CNN
 needs nothing beyond torch.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from functools import partial
 from types import ModuleType
 
 import torch
@@ -17,8 +19,10 @@ from torch import nn
 from gem_mpi.config import TORCH_MODELS
 from gem_mpi.errors import UsageError
 from gem_mpi.problem.data import DataSpec
+from gem_mpi.problem.loss import Loss
 
 _MNIST_CNN_SIZE = 28
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 class MnistCNN(nn.Module):
@@ -106,24 +110,31 @@ def evaluate(
     model: nn.Module,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     device: torch.device,
+    loss: Loss | None = None,
 ) -> tuple[float, float]:
-    """Mean NLL and accuracy in [0, 1]; NaN for both when `batches` is empty.
+    """Mean loss (NLL unless ``loss`` says otherwise) and accuracy in [0, 1]; NaN for both
+    when `batches` is empty, and NaN accuracy where the targets are not class indices.
 
     Runs in eval mode without gradients and restores every submodule's train/eval mode
     afterwards, so it can be called in the middle of training.
     """
+    total = loss.total if loss is not None else partial(F.nll_loss, reduction="sum")
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
-    n = 0
+    n, classes = 0, True
     try:
         with torch.no_grad():
             for x, y in batches:
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 out = model(x)
-                loss_sum += F.nll_loss(out, y, reduction="sum").double()
-                correct += (out.argmax(dim=1) == y).sum()
+                loss_sum += total(out, y).double()
+                # accuracy where the targets are class indices and the output one row each
+                classes = classes and (y.dtype in _INDEX_DTYPES and y.dim() == 1
+                                       and out.dim() == 2)
+                if classes:
+                    correct += (out.argmax(dim=1) == y).sum()
                 n += y.shape[0]
     finally:
         for module, training in modes:
@@ -131,4 +142,4 @@ def evaluate(
     if n == 0:
         return math.nan, math.nan
     # one device sync at the end instead of one per batch
-    return loss_sum.item() / n, correct.item() / n
+    return loss_sum.item() / n, correct.item() / n if classes else math.nan

@@ -55,7 +55,7 @@ class Evaluator:
         batches = iterate_batches(
             self.split, self.monitor.eval_batch_size, 1, 0, shuffle=False, drop_last=False
         )
-        return evaluate(self.problem.model, batches, self.device)
+        return evaluate(self.problem.model, batches, self.device, self.problem.loss)
 
     def submit(self, theta: np.ndarray, clock: int, t: float) -> bool:
         """Queue a snapshot unless an evaluation is still running (then skip this one)."""

@@ -227,6 +227,9 @@ gem_launch_cmd() { # n command...
     mpirun)
       read -r -a extra <<<"${GEM_MPIRUN_ARGS:-}"
       GEM_CMD=("${GEM_MPIRUN:-mpirun}" -n "$n" -x PYTHONFAULTHANDLER -x PYTHONUNBUFFERED)
+      # where a model of the user's own is found (examples/*/*.sbatch set it); other
+      # variables the user's code reads go in GEM_MPIRUN_ARGS (-x NAME) for other nodes
+      [[ -z ${PYTHONPATH:-} ]] || GEM_CMD+=(-x PYTHONPATH)
       ;;
     *) gem_die 2 "GEM_LAUNCHER must be srun or mpirun, got '${GEM_LAUNCHER}'" ;;
   esac

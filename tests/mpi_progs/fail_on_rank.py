@@ -3,9 +3,10 @@
 import sys
 
 from gem_mpi import train
+from gem_mpi.run import session
 
 bad_rank = int(sys.argv[1])
-real_run = train.run
+real_run = session.run
 
 
 def failing_run(cfg, comm, *rest):
@@ -14,5 +15,5 @@ def failing_run(cfg, comm, *rest):
     return real_run(cfg, comm, *rest)
 
 
-train.run = failing_run
+session.run = failing_run
 sys.exit(train.launch(sys.argv[2:]))
