@@ -353,6 +353,22 @@ def test_sync_baseline_job_trains_every_rank_a_worker(slurm, tmp_path):
     assert list((tmp_path / "runs").glob("*.pt"))
 
 
+def test_an_examples_batch_script_trains_the_users_model(slurm, tmp_path):
+    """examples/regression/regression.sbatch submitted from elsewhere: its directory reaches
+    every rank's PYTHONPATH (srun), so the user's MODULE:FUNCTION is found on each."""
+    env = job_env(tmp_path, GEM_EPOCHS="1", GEM_TRAIN_ARGS="--max-steps 100 --eval-every 0")
+    job = sbatch(REPO / "examples" / "regression" / "regression.sbatch", "--ntasks=3",
+                 "--cpus-per-task=1", env=env, cwd=tmp_path)
+    [rec] = wait(job, 240, tmp_path)
+    log = (tmp_path / f"gem_regression_{job}.out").read_text()
+    ended_ok(rec, log)
+    assert "gem on regression:make_model/regression:make_dataset: 1 master + 2 workers" in log
+    assert "done: 200 updates" in log and "test accuracy n/a" in log
+    [h5] = (tmp_path / "runs").glob("*.h5")
+    assert load_run(h5).config["loss"] == "mse"
+    assert list((tmp_path / "runs").glob("*.pt"))
+
+
 def test_a_new_job_does_not_take_over_another_jobs_files(slurm, tmp_path):
     """A sweep task whose file exists already (an earlier job's) refuses to start: exit 2,
     one line, the file untouched; with GEM_RESUME=1 it would resume it."""
