@@ -238,7 +238,8 @@ class SyncRun:
             self.compute_total += float(np.max(rows[:, _COMPUTE]))
             self.allreduce_total += allreduce_s
             ruled = _OUTCOME.get(int(rows[ROOT, _VERDICT]))
-            if sup is not None and ruled is not Outcome.OUTPUT_FAILED:
+            if sup is not None:  # this step is done on every rank: its row goes in (unless
+                # the metrics file failed), so the checkpoint's rows match its step
                 self._record(losses, float(np.max(rows[:, _COMPUTE])), allreduce_s)
                 sup.show(f"loss {self.losses.recent:.4f} workers {self.n}")
             if ruled is not None and ruled is not Outcome.STOPPED:
