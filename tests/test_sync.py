@@ -188,3 +188,22 @@ def test_a_diverging_sync_run_stops_with_exit_4():
     assert res.returncode == 4, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if "diverged" in ln]
     assert len(lines) == 1 and "Lower --lr" in lines[0] and "Traceback" not in res.stderr
+
+
+def test_low_space_on_rank_0_ends_every_rank_at_one_step_with_a_checkpoint(tmp_path):
+    """Rank 0's verdict (here: its metrics file system below --min-free-mb) travels in the
+    next step's Allgather row: every rank stops there, and the checkpoint's rows match it."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    res = train(2, "--method", "sync", "--max-steps", "300", "--eval-every", "20",
+                "--metrics", str(tmp_path / "run.h5"), "--min-free-mb", "1e9",
+                "--checkpoint-dir", str(ck), timeout=300)
+    assert res.returncode == 1, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: error")]
+    assert len(lines) == 1 and "below --min-free-mb 1e+09" in lines[0], res.stderr
+    assert "free space, then --resume auto" in lines[0] and "Traceback" not in res.stderr
+    _, state = checkpoint.load(checkpoint.latest(str(ck)))
+    run = load_run(tmp_path / "run.h5")
+    assert run.summary["finished"] == 0.0
+    assert 0 < state["clock"] < 300 and state["rows_updates"] == state["clock"]
+    assert np.array_equal(run.updates["seq"], np.arange(state["clock"]))

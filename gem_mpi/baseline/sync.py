@@ -7,11 +7,11 @@ gradients over our mpi4py communicator, and each worker reads the same data stre
 worker number rank + 1 of an asynchronous run, so that the methods see the same data.
 
 Besides Horovod's allreduce, each step does one small ``Allgather`` of (loss, compute
-seconds, stop, output error) over mpi4py: it gives rank 0 the metrics row and makes every
-rank agree, at the same step, on a stop signal that reached any rank or on rank 0's failure
-to write its outputs (divergence each rank decides alike from the same numbers). Rank 0
-evaluates, prints progress, writes the metrics file and the checkpoints (θ and the momentum
-buffer, identical on every rank).
+seconds, stop, rank 0's verdict) over mpi4py: it gives rank 0 the metrics row and makes every
+rank agree, at the same step, on a stop signal that reached any rank or on the verdict of
+rank 0's supervisor at the step before (an output that could not be written); divergence
+each rank decides alike from the same numbers. Rank 0 evaluates, prints progress, writes the
+metrics file and the checkpoints (θ and the momentum buffer, identical on every rank).
 """
 
 from __future__ import annotations
@@ -22,16 +22,18 @@ import time
 import numpy as np
 
 from gem_mpi.config import Config
-from gem_mpi.errors import GemError, OutputError, UsageError
+from gem_mpi.errors import GemError, UsageError
 from gem_mpi.problem import Problem, build_problem, flatten, load_theta, unflatten
 from gem_mpi.run.monitor import LossWatch
 from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
-from gem_mpi.run.supervisor import Outcome, RunSupervisor, StopFlag, say
+from gem_mpi.run.supervisor import FINISHED, Outcome, RunSupervisor, StopFlag, Verdict, say
 from gem_mpi.transport import MPI
 
 ROOT = 0
 # the per-step Allgather row: what rank 0 records and what every rank must agree on
-_LOSS, _COMPUTE, _STOP, _ERROR = range(4)
+_LOSS, _COMPUTE, _STOP, _VERDICT = range(4)
+_CODE = {outcome: float(i + 1) for i, outcome in enumerate(Outcome)}  # 0: no verdict
+_OUTCOME = {int(code): outcome for outcome, code in _CODE.items()}
 
 
 def check_horovod() -> None:
@@ -166,7 +168,7 @@ def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Plac
             f"effective batch {n} × {cfg.data.batch_size}, device {trainer.device}"
             + (f"; resuming {resumed['path']} at step {start}" if resumed else ""))
     try:
-        outcome = SyncRun(cfg, comm, problem, trainer, stop, resumed).run(start)
+        outcome = SyncRun(cfg, comm, problem, trainer, stop, resumed, start).run()
         if result is not None and rank == ROOT:
             result["theta"] = trainer.theta()
         return outcome
@@ -175,51 +177,63 @@ def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Plac
 
 
 class SyncRun:
-    """The step loop on every rank; rank 0's run supervisor records, evaluates and saves.
+    """The step loop on every rank, the synchronous run's engine; rank 0's run supervisor
+    records, evaluates and saves.
 
     The synchronous run's part of a checkpoint: θ and the momentum buffer (identical on every
-    rank) and the step count."""
+    rank) and the step count. ``start``: the step it continues at (every rank)."""
+
+    noun = "step"
 
     def __init__(self, cfg: Config, comm: MPI.Intracomm, problem: Problem,
-                 trainer: SyncTrainer, stop: StopFlag, resumed: dict | None) -> None:
+                 trainer: SyncTrainer, stop: StopFlag, resumed: dict | None,
+                 start: int = 0) -> None:
         self.cfg, self.comm, self.trainer, self.stop = cfg, comm, trainer, stop
         self.root = comm.Get_rank() == ROOT
         self.n = comm.Get_size()
-        self.step = 0
+        self.step = start
         self.compute_total = self.allreduce_total = 0.0
-        self.error: str | None = None  # rank 0 could not write an output: stop, exit 1
         self.sup: RunSupervisor | None = None
+        # every rank watches the same losses alike: rank 0's supervisor watches with it
         self.losses = LossWatch(cfg.monitor.divergence_factor)
         if self.root:
-            # the evaluator loads θ snapshots into a model of its own, apart from the trained one
+            # the evaluator loads θ snapshots into a model of its own, apart from the trained
+            # one; a stuck rank is Horovod's stall check's to find (see SyncTrainer)
             self.sup = RunSupervisor(cfg, problem, self.n, self, "horovod allreduce (average)",
-                                     stop, resumed, noun="step",
-                                     eval_problem=build_problem(cfg.data, with_theta0=False))
-            self.losses = self.sup.losses
+                                     stop, resumed,
+                                     eval_problem=build_problem(cfg.data, with_theta0=False),
+                                     losses=self.losses, watch_workers=False)
+
+    # --- the engine, as the supervisor drives it --------------------------------------------
+    @property
+    def position(self) -> int:
+        return self.step
+
+    def theta(self) -> np.ndarray:
+        return self.trainer.theta()
 
     def state(self) -> dict:
         return {"theta": self.trainer.theta(), "momentum": self.trainer.momentum(),
                 "clock": self.step, "tickets": self.step,
                 "next_seq": np.full(self.n, self.step, np.int64)}
 
-    def run(self, start: int) -> Outcome:
-        self.step = start
-        if self.sup is None:
-            return self._loop()
-        sup = self.sup
-        return sup.run(self._loop, self._summary, self.trainer.theta, self._done_line,
-                       lambda: "a signal")
+    def load_state(self, state: dict) -> None:
+        self.step = int(state["clock"])  # θ and momentum: run_sync gave them to the trainer
 
-    def _loop(self) -> Outcome:
+    def run(self) -> Outcome:
+        if self.sup is None:
+            return self.loop().outcome
+        return self.sup.run()
+
+    def loop(self) -> Verdict:
         cfg, trainer, comm, sup = self.cfg, self.trainer, self.comm, self.sup
         mine = np.zeros(4)
         rows = np.zeros((self.n, 4))
+        verdict: Verdict | None = None  # rank 0's, which every rank learns at the next step
         while self.step < trainer.steps:
             loss, compute_s, allreduce_s = self._step(self.step)
-            if sup is not None and sup.metrics is not None and sup.metrics.low_space \
-                    and not self.error:
-                self.error = sup.metrics.low_space
-            mine[:] = (loss, compute_s, 1.0 if self.stop else 0.0, 1.0 if self.error else 0.0)
+            mine[:] = (loss, compute_s, 1.0 if self.stop else 0.0,
+                       _CODE[verdict.outcome] if verdict is not None else 0.0)
             comm.Allgather(mine, rows)
             self.step += 1
             losses = rows[:, _LOSS]
@@ -227,26 +241,20 @@ class SyncRun:
             self.losses.observe(float(np.mean(losses)), self.step, self._theta_if_due())
             self.compute_total += float(np.max(rows[:, _COMPUTE]))
             self.allreduce_total += allreduce_s
-            failed = bool(rows[:, _ERROR].any())
-            if sup is not None:
-                sup.position = self.step
-                if not failed:
-                    try:
-                        self._record(losses, float(np.max(rows[:, _COMPUTE])), allreduce_s)
-                    except OutputError as exc:  # the others learn it at the next step
-                        self.error = str(exc)
-                    sup.show(f"loss {self.losses.recent:.4f} workers {self.n}")
-            if failed:
-                if sup is not None:
-                    raise OutputError(self.error or "an output could not be written")
-                return Outcome.OUTPUT_FAILED
-            if rows[:, _STOP].any():
-                return Outcome.STOPPED
+            ruled = _OUTCOME.get(int(rows[ROOT, _VERDICT]))
+            if sup is not None:  # this step is done on every rank: its row goes in (unless
+                # the metrics file failed), so the checkpoint's rows match its step
+                self._record(losses, float(np.max(rows[:, _COMPUTE])), allreduce_s)
+                sup.show(f"loss {self.losses.recent:.4f} workers {self.n}")
+            if ruled is not None and ruled is not Outcome.STOPPED:
+                return verdict if verdict is not None else Verdict(ruled)
+            if ruled is Outcome.STOPPED or rows[:, _STOP].any():
+                return Verdict(Outcome.STOPPED, "a signal")  # whichever rank it reached
             if self.losses.diverged and cfg.monitor.stop_on_divergence:
-                return Outcome.DIVERGED
+                return Verdict(Outcome.DIVERGED, self.losses.diverged)
             if sup is not None:
-                sup.checkpointer.maybe_save()
-        return Outcome.FINISHED
+                verdict = sup.between_batches()
+        return FINISHED
 
     def _step(self, step: int) -> tuple[float, float, float]:
         """One step; if Horovod shut down (its stall check: a rank sent nothing for
@@ -272,9 +280,8 @@ class SyncRun:
 
     def _record(self, losses: np.ndarray, compute_s: float, allreduce_s: float) -> None:
         sup, step = self.sup, self.step
-        sup.evaluator.drain()
-        if sup.metrics is not None:
-            sup.metrics.add_update({
+        if sup.recording:
+            sup.record_update({
                 "time": sup.elapsed(), "seq": step - 1, "clock": step - 1,
                 "loss": float(np.mean(losses)), "loss_max": float(np.max(losses)),
                 "compute_s": compute_s, "allreduce_s": allreduce_s,
@@ -282,10 +289,10 @@ class SyncRun:
         if sup.eval_due(step - 1):
             sup.evaluate(self.trainer.theta(), step)
 
-    def _summary(self) -> dict:
+    def summary(self) -> dict:
         return {"compute_s": self.compute_total, "allreduce_s": self.allreduce_total}
 
-    def _done_line(self, s: dict) -> str:
+    def done_line(self, s: dict) -> str:
         sup = self.sup
         acc = "n/a" if np.isnan(s["test_accuracy"]) else f"{100 * s['test_accuracy']:.2f} %"
         return (f"done: {s['updates']} synchronous steps of {self.n} workers in "

@@ -18,7 +18,14 @@ from gem_mpi.algorithm.rule import MasterRule
 from gem_mpi.config import Config
 from gem_mpi.outputs.metrics import WORKER_TIME_COLUMNS
 from gem_mpi.problem import Problem
-from gem_mpi.run.supervisor import EXIT_CODES, Outcome, RunSupervisor, StopFlag, say
+from gem_mpi.run.supervisor import (
+    EXIT_CODES,
+    Outcome,
+    RunSupervisor,
+    StopFlag,
+    Verdict,
+    say,
+)
 from gem_mpi.transport import MPI
 from gem_mpi.transport.endpoints import (
     ABORTED,
@@ -56,44 +63,61 @@ class Applied:
 
 
 class Master:
-    """The central variable θ and the run's position: the master's part of a checkpoint."""
+    """The central variable θ and the run's position: the asynchronous methods' engine."""
+
+    noun = "update"
 
     def __init__(self, cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
                  kernel: Kernel, stop: StopFlag | None = None, resumed: dict | None = None,
                  eval_threads: int | None = None, run_id: str | None = None) -> None:
         self.n_workers = layout.n_workers
-        self.clock = resumed["clock"] if resumed else 0
-        self.next_seq = (np.array(resumed["next_seq"], dtype=np.int64) if resumed
-                         else np.zeros(self.n_workers, np.int64))
+        self.clock = 0
+        self.next_seq = np.zeros(self.n_workers, np.int64)
+        # a resumed θ, its version and the ticket count go to the windows as they open (a
+        # worker pulls at once); load_state restores the rest
         self.ep = MasterEndpoint(comm, layout, resumed["theta"] if resumed else problem.theta0,
-                                 version0=self.clock,
+                                 version0=resumed["clock"] if resumed else 0,
                                  ticket0=resumed["tickets"] if resumed else 0)
         self.rule = MasterRule(cfg.optim, kernel, problem.n_params)
-        kept = self.rule.kept(self.ep.payloads)
-        if kept is not None and resumed and resumed.get("kept_s") is not None:
-            kept[...] = resumed["kept_s"]  # before any message is taken
         self.verbose = cfg.monitor.verbose
         self.exit_timeout = cfg.monitor.exit_timeout
-        self.clock0 = self.clock  # where this run (or this resume of it) started
-        self.sup = RunSupervisor(cfg, problem, self.n_workers, self, kernel.name,
-                                 stop if stop is not None else StopFlag(), resumed, noun="update",
-                                 eval_threads=eval_threads, run_id=run_id)
         self.done = 0  # workers whose budget is used up
         self.rejected: dict[int, int] = {}  # per worker
         self.timers = dict.fromkeys(("wait", "apply", "metrics", "mpi"), 0.0)
         self.worker_time = np.full((self.n_workers, len(WORKER_TIME_COLUMNS)), np.nan)
         self.recent_staleness = 0.0
+        self.sup = RunSupervisor(cfg, problem, self.n_workers, self, kernel.name,
+                                 stop if stop is not None else StopFlag(), resumed,
+                                 eval_threads=eval_threads, run_id=run_id)
+        self.clock0 = self.clock  # where this run (or this resume of it) started
+
+    # --- the engine, as the supervisor drives it --------------------------------------------
+    @property
+    def position(self) -> int:
+        return self.clock
+
+    def theta(self) -> np.ndarray:
+        return self.ep.theta
 
     def state(self) -> dict:
         return {"theta": self.ep.theta, "clock": self.clock,
                 "tickets": self.ep.tickets_drawn(), "next_seq": self.next_seq,
                 "kept_s": self.rule.kept(self.ep.payloads)}
 
+    def load_state(self, state: dict) -> None:
+        self.clock = int(state["clock"])
+        self.next_seq = np.array(state["next_seq"], dtype=np.int64)
+        kept = self.rule.kept(self.ep.payloads)
+        if kept is not None and state.get("kept_s") is not None:
+            kept[...] = state["kept_s"]  # before any message is taken
+
     def run(self) -> Outcome:
         """Serve until every worker is done or the run ends otherwise; tell the workers, and
         end the job within --exit-timeout seconds whatever they do."""
-        outcome = self.sup.run(self._serve, self._summary, lambda: self.ep.theta,
-                               self._done_line, self._stopped_by)
+        outcome = self.sup.run()
+        if outcome is Outcome.STUCK:  # checkpointed and said: a stuck rank would never
+            MPI.COMM_WORLD.Abort(EXIT_CODES[outcome])  # take part in freeing the windows
+            return outcome
         if outcome is Outcome.FINISHED and self.clock == self.clock0 and self.rejected:
             say(f"error: every update of this run was rejected ({sum(self.rejected.values())} "
                 "held NaN or Inf): θ never moved. Lower --lr (or --kappa), or look at the "
@@ -109,13 +133,13 @@ class Master:
             MPI.COMM_WORLD.Abort(code)
         return outcome
 
-    def _serve(self) -> Outcome:
+    def loop(self) -> Verdict:
         backoff = self.ep.idle_backoff(first=20e-6, limit=1e-3)  # makes MPI progress too
         clock_fn = time.perf_counter
         while self.done < self.n_workers:
-            outcome = self.sup.check(self.clock)
-            if outcome is not None:
-                return outcome
+            verdict = self.sup.between_batches()
+            if verdict is not None:
+                return verdict
             t = clock_fn()
             ready = self.ep.ready()
             if ready.size == 0:  # idle: the empty poll and the back-off sleep
@@ -130,19 +154,20 @@ class Master:
             self._record(batch, len(ready))
             self.timers["metrics"] += clock_fn() - t
             self.sup.show(self._status())
-        return Outcome.FINISHED
+        return Verdict(Outcome.FINISHED)
 
     def _apply(self, ready: np.ndarray) -> list[Applied]:
         """Apply every ready update under one exclusive lock: the lock and the slot releases
         cost as much as a small update, so they are paid per batch."""
         clock_fn = time.perf_counter
         t_batch = clock_fn()
+        sup = self.sup
         apply_total = 0.0
         self.ep.begin_write()
         batch = []
         for slot in ready:
             msg = self.ep.take(int(slot))
-            self.sup.watchdog.heard(msg.rank, msg.kind == DONE)
+            sup.heard(msg.rank, msg.kind == DONE)
             if msg.kind == DONE:  # it carries the worker's time split
                 self.worker_time[msg.rank - 1] = msg.payload[:len(WORKER_TIME_COLUMNS)]
                 self.done += 1
@@ -155,7 +180,7 @@ class Master:
             self.ep.progress()  # workers' RMA on rank 0 moves on between updates
             batch.append(Applied(msg.rank, msg.seq, msg.ticket, msg.version, msg.loss,
                                  msg.compute_s, ok, self.clock, staleness, apply_s,
-                                 t - self.sup.t0, stats))
+                                 sup.since_start(t), stats))
             if ok:
                 self.clock += 1
         self.ep.end_write(self.clock)
@@ -164,18 +189,17 @@ class Master:
         # cannot leave them apart
         for u in batch:
             self.next_seq[u.worker - 1] = u.seq + 1
-        self.sup.position = self.clock
         self.timers["apply"] += apply_total
         self.timers["mpi"] += clock_fn() - t_batch - apply_total
         return batch
 
     def _record(self, batch: list[Applied], queue: int) -> None:
-        sup, metrics, theta = self.sup, self.sup.metrics, self.ep.theta
+        sup, theta = self.sup, self.ep.theta
         for u in batch:
             if not u.ok:
                 self._reject(u)
                 continue
-            if metrics is not None:
+            if sup.recording:
                 row = {"time": u.time, "worker": u.worker, "seq": u.seq, "ticket": u.ticket,
                        "version_pulled": u.version_pulled, "clock": u.clock,
                        "staleness": u.staleness, "loss": u.loss, "queue": queue,
@@ -184,7 +208,7 @@ class Master:
                     s = u.stats
                     row.update(pi_median=s.pi_median, clamp_frac=s.clamp_frac,
                                energy_central=s.energy_central, energy_proxy=s.energy_proxy)
-                metrics.add_update(row)
+                sup.record_update(row)
             self.recent_staleness = 0.95 * self.recent_staleness + 0.05 * u.staleness
             sup.observe(u.loss, u.clock, theta)
             if sup.eval_due(u.clock):
@@ -196,23 +220,18 @@ class Master:
         if count == 1 or count % 100 == 0:
             say(f"rejected update {u.seq} of worker {u.worker}: it holds NaN or Inf "
                 f"({count} rejected from this worker so far); θ is unchanged")
-        if self.sup.metrics is not None:
-            self.sup.metrics.add_rejected({"time": u.time, "worker": u.worker, "seq": u.seq,
-                                           "ticket": u.ticket})
+        self.sup.record_rejected({"time": u.time, "worker": u.worker, "seq": u.seq,
+                                  "ticket": u.ticket})
 
     def _status(self) -> str:
-        return (f"loss {self.sup.losses.recent:.4f} staleness {self.recent_staleness:.1f} "
+        return (f"loss {self.sup.recent_loss:.4f} staleness {self.recent_staleness:.1f} "
                 f"workers done {self.done}/{self.n_workers}")
 
-    def _summary(self) -> dict:
+    def summary(self) -> dict:
         return {"rejected": sum(self.rejected.values()), "worker_time": self.worker_time,
                 **{f"master_{k}_s": v for k, v in self.timers.items()}}
 
-    def _stopped_by(self) -> str:
-        signum = self.sup.stop.signum
-        return f"signal {signum}" if signum else "a signal"
-
-    def _done_line(self, s: dict) -> str:
+    def done_line(self, s: dict) -> str:
         acc = "n/a" if np.isnan(s["test_accuracy"]) else f"{100 * s['test_accuracy']:.2f} %"
         rejected = f", {s['rejected']} rejected updates" if s["rejected"] else ""
         if self.verbose:

@@ -11,6 +11,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -198,21 +199,22 @@ class Watchdog:
     A dead worker ends the job through mpirun at once; a stuck one (a hung data loader, a
     lost GPU, a frozen node) would hold it until the time limit."""
 
-    def __init__(self, n_workers: int, timeout: float) -> None:
-        self.timeout = timeout
-        self.last = np.full(n_workers, time.monotonic())
+    def __init__(self, n_workers: int, timeout: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout, self.clock = timeout, clock
+        self.last = np.full(n_workers, clock())
         self.finished = np.zeros(n_workers, dtype=bool)
-        self._next_check = time.monotonic() + 1.0
+        self._next_check = clock() + 1.0
 
     def heard(self, worker: int, finished: bool = False) -> None:
         """Worker ``worker`` (1..n) sent a message; ``finished``: its last one."""
-        self.last[worker - 1] = time.monotonic()
+        self.last[worker - 1] = self.clock()
         self.finished[worker - 1] |= finished
 
     def stuck(self) -> tuple[int, float] | None:
         """(worker, seconds silent) of the longest-silent unfinished worker past the timeout;
         looked at once a second."""
-        now = time.monotonic()
+        now = self.clock()
         if not self.timeout or now < self._next_check:
             return None
         self._next_check = now + 1.0

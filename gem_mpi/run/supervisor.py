@@ -1,11 +1,15 @@
 """Rank 0's run supervisor: everything about a run that is not the method itself.
 
-The asynchronous master and the synchronous baseline both train by producing rows (one per
-applied update or step) and a checkpoint state of their own. The supervisor owns the rest:
-the metrics file, evaluation, the progress line, the checkpointer (when a save is due, and
-the composition of the stateful parts into one file), the stop checks (signal, divergence,
-low disk space, a stuck worker), and the end of the run, which is always one
-:class:`Outcome`, mapped to the process's exit code by :data:`EXIT_CODES`.
+The asynchronous master and the synchronous baseline are both an :class:`Engine`: a loop
+that produces rows (one per applied update or step) and a checkpoint state of its own. The
+supervisor drives it and owns the rest: the metrics file, evaluation, the progress line, the
+checkpointer (when a save is due, and the composition of the stateful parts into one file),
+the stop checks (signal, divergence, an output failure or low disk space, a stuck worker),
+and the end of the run. The engine talks to it through a few methods (``record_update``,
+``record_rejected``, ``heard``, ``observe``, ``evaluate``, ``show``) and asks it
+``between_batches()`` whether the run must end: the answer is a :class:`Verdict`, never an
+exception, and the run's end (:meth:`RunSupervisor.run`) handles every verdict in one place.
+Each ends as one :class:`Outcome`, mapped to the process's exit code by :data:`EXIT_CODES`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -80,20 +85,69 @@ class StopFlag:
         return self.signum != 0
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """How a run ends and why: the signal, the divergence, the output that failed, the
+    silent worker. What the supervisor's check answers and what an engine's loop ends with."""
+
+    outcome: Outcome
+    reason: str = ""
+
+
+FINISHED = Verdict(Outcome.FINISHED)
+
+
 class Stateful(Protocol):
     """A part of the run that a checkpoint holds."""
 
     def state(self) -> dict[str, Any]: ...
 
 
+class Engine(Protocol):
+    """A training method, as the supervisor drives it.
+
+    ``loop`` trains until the data budget is used up (then it returns :data:`FINISHED`) or
+    ``between_batches()`` of its supervisor gives a verdict (then it returns that one; the
+    synchronous run returns the one every rank agreed on). It records through the
+    supervisor's methods and never ends the run itself."""
+
+    noun: str  # its unit of progress: "update" or "step"
+
+    @property
+    def position(self) -> int:
+        """Updates or steps done: what its checkpoint and the metrics rows count."""
+        ...
+
+    def loop(self) -> Verdict: ...
+
+    def state(self) -> dict[str, Any]:
+        """Its part of a checkpoint, θ under "theta"."""
+        ...
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's state (the supervisor calls it when resuming)."""
+        ...
+
+    def theta(self) -> np.ndarray: ...
+
+    def summary(self) -> dict:
+        """Its own fields of the metrics file's /summary."""
+        ...
+
+    def done_line(self, fields: dict) -> str:
+        """The one line of a finished run, from the summary ``fields``."""
+        ...
+
+
 class Checkpointer:
     """Composes the stateful parts into one checkpoint file, and decides when one is due."""
 
     def __init__(self, directory: str | None, every: float, config: dict, n_workers: int,
-                 parts: list[Stateful]) -> None:
+                 parts: list[Stateful], clock: Callable[[], float] = time.monotonic) -> None:
         self.directory, self.every = directory, every if directory else 0.0
         self.config, self.n_workers, self.parts = config, n_workers, parts
-        self._last = time.monotonic()
+        self.clock = clock
+        self._last = clock()
 
     def save(self) -> str | None:
         """Write θ and the run's position (the metrics rows on disk match it exactly)."""
@@ -103,11 +157,11 @@ class Checkpointer:
         for part in self.parts:
             state.update(part.state())
         path = checkpoint.save(self.directory, state.pop("theta"), state)
-        self._last = time.monotonic()
+        self._last = self.clock()
         return path
 
     def maybe_save(self) -> str | None:
-        if self.every and time.monotonic() - self._last >= self.every:
+        if self.every and self.clock() - self._last >= self.every:
             return self.save()
         return None
 
@@ -129,16 +183,20 @@ class _MetricsRows:
 class RunSupervisor:
     """Rank 0's bookkeeping for one run of ``n_workers`` workers of any method.
 
-    ``engine`` is the method's own stateful part (θ and its position); ``noun`` names its
-    unit of progress ("update" or "step"); ``resumed`` is the loaded checkpoint's state.
-    """
+    ``engine`` is the method (θ, its position, its loop); ``resumed`` is the loaded
+    checkpoint's state, given to ``engine.load_state``. ``losses`` is a loss watch the engine
+    keeps itself (the synchronous run: every rank watches alike); ``watch_workers=False``
+    leaves stuck workers to someone else (Horovod's stall check)."""
 
-    def __init__(self, cfg: Config, problem: Problem, n_workers: int, engine: Stateful,
+    def __init__(self, cfg: Config, problem: Problem, n_workers: int, engine: Engine,
                  kernel_name: str, stop: StopFlag, resumed: dict | None = None,
-                 noun: str = "update", eval_problem: Problem | None = None,
-                 eval_threads: int | None = None, run_id: str | None = None) -> None:
+                 eval_problem: Problem | None = None, eval_threads: int | None = None,
+                 run_id: str | None = None, losses: LossWatch | None = None,
+                 watch_workers: bool = True) -> None:
         self.cfg, self.monitor, self.outputs = cfg, cfg.monitor, cfg.outputs
-        self.problem, self.n_workers, self.noun, self.stop = problem, n_workers, noun, stop
+        self.engine, self.noun = engine, engine.noun
+        self.problem, self.n_workers, self.stop = problem, n_workers, stop
+        noun = self.noun
         self.remedy = "Lower --lr" if cfg.method == SYNC else "Lower --lr (or --kappa)"
         self.evaluator = Evaluator(cfg.data, cfg.monitor, eval_problem or problem, noun=noun,
                                    threads=eval_threads)
@@ -163,12 +221,15 @@ class RunSupervisor:
         self.checkpointer = Checkpointer(self.outputs.checkpoint_dir,
                                          self.outputs.checkpoint_every, cfg.as_dict(),
                                          n_workers, [engine, _MetricsRows(self.metrics), self])
-        self.losses = LossWatch(self.monitor.divergence_factor)
-        self.watchdog = Watchdog(n_workers, self.monitor.worker_timeout)
+        self.losses = losses if losses is not None else LossWatch(self.monitor.divergence_factor)
+        self.watchdog = Watchdog(n_workers, self.monitor.worker_timeout if watch_workers
+                                 else 0.0)
+        if resumed:
+            engine.load_state(resumed)
         self.elapsed0 = resumed["elapsed_s"] if resumed else 0.0
         self.t0 = time.perf_counter() - self.elapsed0  # a resumed run's times continue
-        self.position = resumed["clock"] if resumed else 0  # updates or steps done
-        self._first = self.position
+        self._first = engine.position
+        self._failure: str | None = None  # an output that could not be written
         self.summary: dict = {}  # what the metrics file's /summary holds, once the run ended
 
     # --- the parts of a checkpoint that are the supervisor's --------------------------------
@@ -178,10 +239,47 @@ class RunSupervisor:
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 
-    # --- during the run ---------------------------------------------------------------------
+    def since_start(self, t: float) -> float:
+        """Seconds of the run (a resumed one's included) at ``time.perf_counter()`` ``t``."""
+        return t - self.t0
+
+    @property
+    def position(self) -> int:
+        return self.engine.position
+
+    # --- what the engine calls during the run -----------------------------------------------
+    @property
+    def recording(self) -> bool:
+        """Whether rows are written (a metrics file, not failed): build them only then."""
+        return self.metrics is not None and self._failure is None
+
+    def record_update(self, row: dict) -> None:
+        """One applied update or step; a failed write ends the run at the next check."""
+        if self.recording:
+            try:
+                self.metrics.add_update(row)
+            except OutputError as exc:
+                self._failure = str(exc)
+
+    def record_rejected(self, row: dict) -> None:
+        """One rejected update (NaN or Inf, θ untouched)."""
+        if self.recording:
+            try:
+                self.metrics.add_rejected(row)
+            except OutputError as exc:
+                self._failure = str(exc)
+
+    def heard(self, worker: int, finished: bool = False) -> None:
+        """Worker ``worker`` (1..n) sent a message; ``finished``: its last one."""
+        self.watchdog.heard(worker, finished)
+
     @property
     def diverged(self) -> str | None:
         return self.losses.diverged
+
+    @property
+    def recent_loss(self) -> float:
+        return self.losses.recent
 
     def observe(self, loss: float, position: int, theta: np.ndarray) -> None:
         """A worker loss at ``position``: smooth it, and look for divergence."""
@@ -196,26 +294,38 @@ class RunSupervisor:
         """Evaluate θ (holding ``done`` updates or steps) in the background."""
         self.evaluator.submit(theta, done, self.elapsed())
 
-    def check(self, position: int) -> Outcome | None:
-        """Between batches: record finished evaluations, save if due, and say whether the
-        run must end now. A stuck worker ends the job here; low disk space raises."""
-        self.position = position
-        if self.stop:
-            return Outcome.STOPPED
-        if self.diverged and self.monitor.stop_on_divergence:
-            return Outcome.DIVERGED
-        if self.metrics is not None and self.metrics.low_space:
-            raise OutputError(self.metrics.low_space)
-        stuck = self.watchdog.stuck()
-        if stuck is not None:
-            self._abort_stuck(*stuck)
-        self.housekeeping()
+    def between_batches(self) -> Verdict | None:
+        """Whether the run must end now, and why; if not, save if due and record the
+        evaluations that have finished. Never raises for an output, never ends the job."""
+        verdict = self._verdict()
+        if verdict is not None:
+            return verdict
+        try:
+            self.checkpointer.maybe_save()
+            self.evaluator.drain()
+        except OutputError as exc:
+            self._failure = str(exc)
+            return Verdict(Outcome.OUTPUT_FAILED, self._failure)
         return None
 
-    def housekeeping(self) -> None:
-        """Save if due; record the evaluations that have finished."""
-        self.checkpointer.maybe_save()
-        self.evaluator.drain()
+    def _verdict(self) -> Verdict | None:
+        if self._failure is not None:
+            return Verdict(Outcome.OUTPUT_FAILED, self._failure)
+        if self.stop:
+            signum = self.stop.signum
+            return Verdict(Outcome.STOPPED, f"signal {signum}" if signum else "a signal")
+        if self.diverged and self.monitor.stop_on_divergence:
+            return Verdict(Outcome.DIVERGED, self.diverged)
+        if self.metrics is not None and self.metrics.low_space:
+            return Verdict(Outcome.OUTPUT_FAILED, self.metrics.low_space)
+        stuck = self.watchdog.stuck()
+        if stuck is not None:
+            worker, silent_s = stuck
+            return Verdict(Outcome.STUCK,
+                           f"worker {worker} (rank {worker}) has sent nothing for "
+                           f"{silent_s:.0f} s (--worker-timeout "
+                           f"{self.monitor.worker_timeout:g}): it or its node is stuck")
+        return None
 
     def show(self, status: str) -> None:
         rate = (self.position - self._first) / max(self.elapsed() - self.elapsed0, 1e-9)
@@ -227,50 +337,62 @@ class RunSupervisor:
         self.t0 = time.perf_counter() - self.elapsed0
 
     # --- the end ----------------------------------------------------------------------------
-    def run(self, loop: Callable[[], Outcome], summary: Callable[[], dict],
-            theta: Callable[[], np.ndarray], done_line: Callable[[dict], str],
-            stop_by: Callable[[], str]) -> Outcome:
-        """Run ``loop`` to its outcome and end the run accordingly: every way a run can end
-        is handled here. ``summary`` gives the method's own summary fields, ``theta`` the
-        final parameters, ``done_line`` the line of a finished run."""
+    def run(self) -> Outcome:
+        """Run the engine's loop to its verdict and end the run accordingly: every way a run
+        can end is handled here, and nothing here ends the job (a STUCK outcome asks the
+        caller to: a stuck rank never takes part in a normal shutdown)."""
         self.begin()
         try:
-            try:
-                outcome = loop()
-            finally:
-                self.progress.close()
-            wall = self.elapsed()
-            base = {"updates": self.position, "wall_s": wall}
-            if outcome is Outcome.FINISHED:
-                test_loss, test_acc = self.evaluator.final(theta(), self.position, wall)
-                fields = {**base, "test_loss": test_loss, "test_accuracy": test_acc,
-                          "finished": 1.0, "diverged": 0.0, **summary()}
-                if self.outputs.save:
-                    save_final(self.evaluator.problem.model, theta(), self.outputs.save)
-                self.checkpointer.save()  # the end is a checkpoint too
-                self.summary = fields
-                if self.metrics is not None:
-                    self.metrics.close(fields)
-                say(done_line(fields))
-                return outcome
-            self.evaluator.close()
-            self.evaluator.drain()
-            fields = {**base, "finished": 0.0, "diverged": 1.0 if self.diverged else 0.0,
-                      **summary()}
-            self.summary = fields
-            self._stopped_early(stop_by())
-            if self.metrics is not None:
-                self.metrics.close(fields)
-            return Outcome.DIVERGED if self.diverged else Outcome.STOPPED
-        except OutputError as exc:
-            self.output_failed(str(exc), summary())
+            verdict = self.engine.loop()
+        finally:
+            self.progress.close()
+        if verdict.outcome is Outcome.FINISHED and self._failure is not None:
+            verdict = Verdict(Outcome.OUTPUT_FAILED, self._failure)  # in the last batch
+        try:
+            return self._end(verdict)
+        except OutputError as exc:  # the end's own writes: the model, a checkpoint, metrics
+            self.output_failed(str(exc))
             return Outcome.OUTPUT_FAILED
 
-    def output_failed(self, reason: str, summary: dict) -> None:
+    def _end(self, verdict: Verdict) -> Outcome:
+        outcome = verdict.outcome
+        if outcome is Outcome.OUTPUT_FAILED:
+            self.output_failed(verdict.reason)
+            return outcome
+        if outcome is Outcome.STUCK:
+            self._stuck(verdict.reason)
+            return outcome
+        wall = self.elapsed()
+        base = {"updates": self.position, "wall_s": wall}
+        engine = self.engine
+        if outcome is Outcome.FINISHED:
+            test_loss, test_acc = self.evaluator.final(engine.theta(), self.position, wall)
+            fields = {**base, "test_loss": test_loss, "test_accuracy": test_acc,
+                      "finished": 1.0, "diverged": 0.0, **engine.summary()}
+            if self.outputs.save:
+                save_final(self.evaluator.problem.model, engine.theta(), self.outputs.save)
+            self.checkpointer.save()  # the end is a checkpoint too
+            self.summary = fields
+            if self.metrics is not None:
+                self.metrics.close(fields)
+            say(engine.done_line(fields))
+            return outcome
+        self.evaluator.close()
+        self.evaluator.drain()
+        fields = {**base, "finished": 0.0, "diverged": 1.0 if self.diverged else 0.0,
+                  **engine.summary()}
+        self.summary = fields
+        self._stopped_early(verdict.reason if outcome is Outcome.STOPPED else "a signal")
+        if self.metrics is not None:
+            self.metrics.close(fields)
+        return Outcome.DIVERGED if self.diverged else Outcome.STOPPED
+
+    def output_failed(self, reason: str) -> None:
         """An output file could not be written (or space ran low): leave a checkpoint where
         one can still be written and a readable metrics file (or none), and say so."""
-        fields = {"updates": self.position, "wall_s": self.elapsed(), **summary,
-                  "finished": 0.0, "error": 1.0}
+        self.evaluator.close()  # a torch evaluation must not be running as the process exits
+        fields = {"updates": self.position, "wall_s": self.elapsed(),
+                  **self.engine.summary(), "finished": 0.0, "error": 1.0}
         notes = self.cut_short(fields, "free space, then --resume auto")
         say(f"error: stopped at {self.noun} {self.position}: {reason}; {notes}")
 
@@ -307,14 +429,10 @@ class RunSupervisor:
                  if path else "no --checkpoint-dir, so no checkpoint was written")
         say(f"stopped by {by} at {noun} {at}: {where}")
 
-    def _abort_stuck(self, worker: int, silent_s: float) -> None:
-        """Checkpoint, close the metrics unfinished, say which worker, abort the job: a stuck
-        rank never takes part in the collective window free of a normal shutdown."""
+    def _stuck(self, reason: str) -> None:
+        """Checkpoint, close the metrics unfinished, say which worker; the caller then ends
+        the job (MPI_Abort with the STUCK code)."""
+        self.evaluator.close()
         notes = self.cut_short({"updates": self.position, "wall_s": self.elapsed(),
                                 "finished": 0.0}, "--resume auto continues")
-        say(f"error: worker {worker} (rank {worker}) has sent nothing for {silent_s:.0f} s "
-            f"(--worker-timeout {self.monitor.worker_timeout:g}): it or its node is stuck; "
-            f"ending the job at {self.noun} {self.position}; {notes}")
-        from gem_mpi.transport import MPI
-
-        MPI.COMM_WORLD.Abort(EXIT_CODES[Outcome.STUCK])
+        say(f"error: {reason}; ending the job at {self.noun} {self.position}; {notes}")

@@ -1,0 +1,78 @@
+"""The watches of rank 0, in-process: the watchdog's silence, the loss watch's divergence."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gem_mpi.run.monitor import DivergenceWatch, LossWatch, Watchdog
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_watchdog_names_the_longest_silent_unfinished_worker():
+    clock = FakeClock()
+    dog = Watchdog(3, timeout=5.0, clock=clock)
+    clock.now += 2.0
+    assert dog.stuck() is None  # nobody silent for 5 s yet
+    dog.heard(1)
+    dog.heard(3)
+    clock.now += 4.0  # worker 2: 6 s silent; 1 and 3: 4 s
+    assert dog.stuck() == (2, 6.0)
+
+
+def test_watchdog_looks_once_a_second_and_not_at_finished_workers():
+    clock = FakeClock()
+    dog = Watchdog(2, timeout=5.0, clock=clock)
+    dog.heard(2, finished=True)  # its last message: it may stay silent
+    clock.now += 10.0
+    assert dog.stuck() == (1, 10.0)
+    clock.now += 0.5
+    assert dog.stuck() is None  # looked less than a second ago
+    clock.now += 0.6
+    dog.heard(1)
+    assert dog.stuck() is None
+
+
+def test_watchdog_with_no_timeout_never_fires():
+    clock = FakeClock()
+    dog = Watchdog(2, timeout=0.0, clock=clock)
+    clock.now += 1e6
+    assert dog.stuck() is None
+
+
+def test_divergence_watch_on_a_rising_loss():
+    watch = DivergenceWatch(factor=10.0)
+    theta = np.ones(4, np.float32)
+    assert watch.check(1.0, 1, theta) is None
+    assert watch.check(9.0, 2, theta) is None
+    why = watch.check(11.0, 3, theta)
+    assert why is not None and "over 10 times its lowest, 1" in why
+
+
+def test_divergence_watch_on_a_loss_or_theta_not_finite():
+    assert "loss is nan" in DivergenceWatch(10.0).check(math.nan, 1, np.ones(2))
+    theta = np.array([1.0, np.inf], np.float32)
+    assert DivergenceWatch(10.0).check(1.0, 99, theta) is None  # θ is looked at every 100th
+    assert "not finite" in DivergenceWatch(10.0).check(1.0, 100, theta)
+
+
+def test_loss_watch_smooths_and_keeps_the_first_reason():
+    watch = LossWatch(factor=2.0)
+    watch.observe(1.0, 1, np.ones(2))
+    assert watch.recent == 1.0 and watch.diverged is None
+    watch.observe(3.0, 2, np.ones(2))
+    assert math.isclose(watch.recent, 0.95 + 0.05 * 3.0)
+    for i in range(100):
+        watch.observe(100.0, 3 + i, np.ones(2))
+    first = watch.diverged
+    assert first is not None and "over 2 times" in first
+    watch.observe(math.nan, 200, np.ones(2))
+    assert watch.diverged == first
