@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import h5py
 import numpy as np
 import pytest
 from conftest import rank_pids, signal_when, train, train_background, wait_until
+from helpers import assert_exactly_once, quadratic_args
 
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.outputs import checkpoint
@@ -30,11 +30,9 @@ DIM, STEPS, WORKERS, LR = 2000, 15000, 4, 0.05
 
 
 def _args(tmp: Path, *extra: str) -> list[str]:
-    return ["--model", "quadratic", "--dataset", "synthetic", "--method", "downpour",
-            "--quadratic-dim", str(DIM), "--max-steps", str(STEPS), "--lr", str(LR),
-            "--metrics", str(tmp / "run.h5"), "--save", str(tmp / "theta.npy"),
-            "--checkpoint-dir", str(tmp), "--checkpoint-every", "0.3", "--eval-every", "0",
-            *extra]
+    return quadratic_args(*extra, method="downpour", dim=DIM, steps=STEPS, lr=LR,
+                          metrics=tmp / "run.h5", save=tmp / "theta.npy", checkpoint_dir=tmp,
+                          checkpoint_every=0.3, eval_every=0)
 
 
 def _has_checkpoint(tmp: Path) -> Callable[[], bool]:
@@ -46,9 +44,7 @@ def _check_whole_run(tmp: Path) -> None:
     u = run.updates
     assert run.summary["finished"] == 1.0
     assert run.attrs["resumes"] >= 1
-    pairs = Counter(zip(u["worker"].tolist(), u["seq"].tolist()))
-    assert set(pairs) == {(w, s) for w in range(1, WORKERS + 1) for s in range(STEPS)}
-    assert max(pairs.values()) == 1  # nothing applied twice, nothing missing
+    assert_exactly_once(u["worker"], u["seq"], range(1, WORKERS + 1), STEPS)
     assert u["clock"].tolist() == list(range(WORKERS * STEPS))
     assert np.all(np.diff(u["time"]) >= 0)  # the clock and the times continue
     ref = replay(u, Quadratic(DIM, 0), "downpour", LR)

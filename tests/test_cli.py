@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 from conftest import PROGS, mpirun, train
+from helpers import quadratic_args
 
-QUAD = ["--model", "quadratic", "--dataset", "synthetic", "--max-steps", "5"]
+QUAD = quadratic_args(steps=5)
 SYNTHETIC_CNN = ["--model", "mnist-cnn", "--dataset", "synthetic"]  # after QUAD: overrides it
 FASHION_CNN = ["--model", "mnist-cnn", "--dataset", "fashion-mnist"]
 A_FILE = str(Path(__file__).resolve())  # exists and is a file; nothing writes to it

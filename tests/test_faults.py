@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 from conftest import PROGS, REPO, mpi_env, signal_when
+from helpers import quadratic_args
 
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.analysis import load_run
 
-QUAD = ["--model", "quadratic", "--dataset", "synthetic", "--quadratic-dim", "2000"]
+QUAD = quadratic_args(dim=2000)
 
 
 def _background(n: int, prog: list[str]) -> subprocess.Popen:

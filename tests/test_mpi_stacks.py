@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import PROGS, REPO, mpi_env
+from helpers import assert_exactly_once, quadratic_args
 
 # where tools/install.sh puts the libmpi.so.12 -> Debian's libmpich.so.12 link that
 # mpi4py's wheel needs to load MPICH (MPI4PY_MPIABI=mpich)
@@ -76,8 +77,7 @@ def test_transport_and_training_on_each_stack(stack, tmp_path):
     total = workers * steps
     assert r["torn"] == 0
     assert len(log) == total
-    pairs = Counter(map(tuple, log[:, :2].tolist()))
-    assert set(pairs) == {(w, s) for w in range(1, workers + 1) for s in range(steps)}
+    assert_exactly_once(log[:, 0], log[:, 1], range(1, workers + 1), steps)
     assert sorted(log[:, 2].tolist() + r["done_tickets"]) == list(range(total + workers))
     assert r["theta_min"] == r["theta_max"] == float(total) == r["version"]
     first_half = Counter(log[: total // 2, 0].tolist())  # every worker served early on
@@ -85,10 +85,9 @@ def test_transport_and_training_on_each_stack(stack, tmp_path):
 
     # a short GEM run that learns
     metrics = tmp_path / "run.h5"
-    res = launch(stack, 3, ["-m", "gem_mpi.train", "--model", "quadratic", "--dataset",
-                            "synthetic", "--quadratic-dim", "2000", "--method", "gem",
-                            "--max-steps", "300", "--eval-every", "0", "--metrics",
-                            str(metrics)])
+    res = launch(stack, 3, ["-m", "gem_mpi.train",
+                            *quadratic_args(dim=2000, method="gem", steps=300, eval_every=0,
+                                            metrics=metrics)])
     assert res.returncode == 0, res.stdout + res.stderr
     from gem_mpi.outputs.analysis import load_run
 
@@ -142,8 +141,8 @@ def test_a_stack_that_cannot_make_the_windows_is_refused_with_one_line():
     launcher, options, extra = STACKS["openmpi-tcp"]
     STACKS["openmpi-tcp-rdma"] = (launcher, [*options[:-1], "rdma"], extra)
     try:
-        res = launch("openmpi-tcp-rdma", 3, ["-m", "gem_mpi.train", "--model", "quadratic",
-                                             "--dataset", "synthetic", "--max-steps", "10"])
+        res = launch("openmpi-tcp-rdma", 3, ["-m", "gem_mpi.train",
+                                             *quadratic_args(steps=10)])
     finally:
         del STACKS["openmpi-tcp-rdma"]
     assert res.returncode == 2, res.stdout + res.stderr
@@ -192,10 +191,10 @@ def test_a_killed_worker_ends_the_job_and_the_resume_recovers(stack, tmp_path):
     from gem_mpi.outputs.analysis import load_run
 
     workers, steps = 3, 2000
-    args = ["-m", "gem_mpi.train", "--model", "quadratic", "--dataset", "synthetic",
-            "--method", "downpour", "--quadratic-dim", "2000", "--max-steps", str(steps),
-            "--eval-every", "0", "--metrics", str(tmp_path / "run.h5"), "--checkpoint-dir",
-            str(tmp_path), "--checkpoint-every", "0.3"]
+    args = ["-m", "gem_mpi.train",
+            *quadratic_args(method="downpour", dim=2000, steps=steps, eval_every=0,
+                            metrics=tmp_path / "run.h5", checkpoint_dir=tmp_path,
+                            checkpoint_every=0.3)]
     launcher, options, extra = STACKS[stack]
     launch(stack, 1, ["-c", "pass"])  # the launcher and its libraries are there (or fail)
     env = {**mpi_env(), **extra}
@@ -224,9 +223,7 @@ def test_a_killed_worker_ends_the_job_and_the_resume_recovers(stack, tmp_path):
     res = launch(stack, workers + 1, [*args, "--resume", "auto"], timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr
     u = load_run(tmp_path / "run.h5").updates
-    pairs = Counter(zip(u["worker"].tolist(), u["seq"].tolist()))
-    assert set(pairs) == {(w, s) for w in range(1, workers + 1) for s in range(steps)}
-    assert max(pairs.values()) == 1
+    assert_exactly_once(u["worker"], u["seq"], range(1, workers + 1), steps)
 
 
 def test_one_node_jobs_get_open_mpi_s_shared_memory_windows_unless_the_user_chose():

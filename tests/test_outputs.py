@@ -15,13 +15,13 @@ import h5py
 import numpy as np
 import pytest
 from conftest import train
+from helpers import quadratic_args
 
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.analysis import load_run
 from gem_mpi.outputs.files import h5py_write_errors, os_reason
 
-QUAD = ["--model", "quadratic", "--dataset", "synthetic", "--method", "downpour",
-        "--quadratic-dim", "1000", "--eval-every", "0"]
+QUAD = quadratic_args(method="downpour", dim=1000, eval_every=0)
 
 
 def _mount(*args: str) -> None:
@@ -100,10 +100,9 @@ def test_disk_full_while_writing_metrics_is_one_line_and_a_readable_file(small_f
 
 def test_checkpoint_on_a_full_disk_leaves_no_partial_file(small_fs, tmp_path):
     ck = small_fs("64k")  # θ of 100 000 floats (400 kB) cannot fit
-    res = train(3, "--model", "quadratic", "--dataset", "synthetic", "--method", "downpour",
-                "--quadratic-dim", "100000", "--max-steps", "3000", "--eval-every", "0",
-                "--metrics", str(tmp_path / "run.h5"), "--checkpoint-dir", str(ck),
-                "--checkpoint-every", "0.2", timeout=300)
+    res = train(3, *quadratic_args(method="downpour", dim=100000, steps=3000, eval_every=0,
+                                   metrics=tmp_path / "run.h5", checkpoint_dir=ck,
+                                   checkpoint_every=0.2), timeout=300)
     assert res.returncode == 1, res.stderr
     [line] = _error_lines(res.stderr)
     assert "checkpoint" in line and "No space left on device" in line
@@ -114,10 +113,9 @@ def test_checkpoint_on_a_full_disk_leaves_no_partial_file(small_fs, tmp_path):
 
 def test_save_that_does_not_fit_leaves_no_partial_file(small_fs, tmp_path):
     fs = small_fs("64k")  # θ of 100 000 floats (400 kB) cannot fit
-    res = train(3, "--model", "quadratic", "--dataset", "synthetic", "--method", "downpour",
-                "--quadratic-dim", "100000", "--max-steps", "20", "--eval-every", "0",
-                "--save", str(fs / "theta.npy"), "--checkpoint-dir", str(tmp_path),
-                "--checkpoint-every", "0", timeout=300)
+    res = train(3, *quadratic_args(method="downpour", dim=100000, steps=20, eval_every=0,
+                                   save=fs / "theta.npy", checkpoint_dir=tmp_path,
+                                   checkpoint_every=0), timeout=300)
     assert res.returncode == 1, res.stderr
     [line] = _error_lines(res.stderr)
     assert "--save" in line and "No space left on device" in line

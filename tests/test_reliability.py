@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 from conftest import rank_pids, train, train_background
+from helpers import quadratic_args
 
 from gem_mpi.outputs.analysis import load_run
 
-QUAD = ["--model", "quadratic", "--dataset", "synthetic", "--quadratic-dim", "2000"]
+QUAD = quadratic_args(dim=2000)
 
 
 def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):

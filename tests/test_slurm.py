@@ -22,12 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO, mpi_env
+from helpers import assert_exactly_once, quadratic_args
 
 from gem_mpi.outputs.analysis import RunFileError, RunFollower, load_run
 
 JOBS = REPO / "jobs"
 # the numpy test problem: no torch in any rank, so 101 ranks fit in memory (tools/scale.sh)
-QUAD = "--model quadratic --dataset synthetic --quadratic-dim 1000 --eval-every 0 --poll-max-ms 20"
+QUAD = " ".join(quadratic_args(dim=1000, eval_every=0, poll_max_ms=20))
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
          "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
@@ -257,9 +258,7 @@ def test_requeued_run_finishes_with_every_update_once(slurm, tmp_path):
     assert "; resuming " in log and "gem_jobs: done in " in log.rstrip().splitlines()[-1]
     run = load_run(metrics)
     u = run.updates
-    pairs = Counter(zip(u["worker"].tolist(), u["seq"].tolist()))
-    assert set(pairs) == {(w, s) for w in (1, 2) for s in range(20000)}
-    assert max(pairs.values()) == 1  # none lost, none twice: the resume dropped and redid
+    assert_exactly_once(u["worker"], u["seq"], (1, 2), 20000)  # the resume dropped and redid
     assert np.array_equal(u["clock"], np.arange(40000))
     assert run.summary["finished"] == 1.0
 
@@ -320,9 +319,7 @@ def test_a_killed_rank_ends_the_job_and_resume_auto_finishes(slurm, tmp_path, ra
     assert f"; resuming {stem}.ckpt/checkpoint_" in log
     run = load_run(stem.with_suffix(".h5"))
     u = run.updates
-    pairs = Counter(zip(u["worker"].tolist(), u["seq"].tolist()))
-    assert set(pairs) == {(w, s) for w in (1, 2) for s in range(steps)}
-    assert max(pairs.values()) == 1  # none lost, none twice
+    assert_exactly_once(u["worker"], u["seq"], (1, 2), steps)
     assert run.summary["finished"] == 1.0
 
 

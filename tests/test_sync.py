@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import PROGS, mpirun, signal_when, train, train_background
+from helpers import quadratic_args
 
 from gem_mpi import config
 from gem_mpi.outputs import checkpoint
@@ -133,8 +134,7 @@ def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path):
 
 
 def test_sync_with_the_numpy_quadratic_is_one_line_and_exit_2():
-    res = train(2, "--method", "sync", "--model", "quadratic", "--dataset", "synthetic",
-                timeout=120)
+    res = train(2, *quadratic_args(method="sync"), timeout=120)
     assert res.returncode == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi:")]
     assert lines == [("gem_mpi: error: --method sync trains torch models (Horovod): "

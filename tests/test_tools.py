@@ -23,11 +23,12 @@ import h5py
 import numpy as np
 import pytest
 from conftest import REPO, mpi_env, train, train_background
+from helpers import quadratic_args
 
 from gem_mpi.outputs.analysis import RunFileError, RunFollower, smooth, weighted_row_median
 
 TOOLS = REPO / "tools"
-QUAD = ["--model", "quadratic", "--dataset", "synthetic"]
+QUAD = quadratic_args()
 REPORT_FIGURES = ["loss.png", "eval.png", "pi_median.png", "pi_heatmap.png", "staleness.png",
                   "energy.png", "throughput.png", "workers.png"]
 GEM_ONLY = ["pi_median.png", "pi_heatmap.png", "energy.png"]

@@ -8,11 +8,11 @@ process and compare it with what the master produced.
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 
 import numpy as np
 import pytest
 from conftest import PROGS, mpirun, train
+from helpers import assert_exactly_once, quadratic_args
 
 from gem_mpi.algorithm.kernel import HIST_BINS
 from gem_mpi.algorithm.reference import replay
@@ -24,10 +24,9 @@ DIM, STEPS, WORKERS, LR, MU = 2000, 60, 4, 0.05, 0.9
 
 def _run(tmp_path, method: str, *extra: str):
     h5, out = tmp_path / "run.h5", tmp_path / "theta.npy"
-    res = train(WORKERS + 1, "--model", "quadratic", "--dataset", "synthetic", "--method",
-                method, "--quadratic-dim", str(DIM), "--max-steps", str(STEPS), "--lr", str(LR),
-                "--momentum", str(MU), "--metrics", str(h5), "--save", str(out),
-                "--eval-every", "50", *extra)
+    res = train(WORKERS + 1, *quadratic_args(*extra, method=method, dim=DIM, steps=STEPS,
+                                             lr=LR, momentum=MU, metrics=h5, save=out,
+                                             eval_every=50))
     assert res.returncode == 0, res.stdout + res.stderr
     return load_run(h5), np.load(out)
 
@@ -36,9 +35,7 @@ def _check_log(run) -> dict:
     u = run.updates
     n = WORKERS * STEPS
     assert len(u["worker"]) == n  # none lost
-    pairs = Counter(zip(u["worker"].tolist(), u["seq"].tolist()))
-    assert set(pairs) == {(w, s) for w in range(1, WORKERS + 1) for s in range(STEPS)}
-    assert max(pairs.values()) == 1  # none applied twice
+    assert_exactly_once(u["worker"], u["seq"], range(1, WORKERS + 1), STEPS)
     assert len(set(u["ticket"].tolist())) == n
     assert u["clock"].tolist() == list(range(n))
     assert np.array_equal(u["staleness"], u["clock"] - u["version_pulled"])
@@ -99,10 +96,9 @@ def test_master_side_gem_equals_the_single_process_replay(tmp_path, kappa, shift
 @pytest.mark.parametrize("method", ["gem", "downpour"])
 def test_poisoned_updates_are_rejected_whole_and_counted(tmp_path, method):
     h5, out = tmp_path / "run.h5", tmp_path / "theta.npy"
-    res = mpirun(WORKERS + 1, [str(PROGS / "poison_worker.py"), "2", "--model", "quadratic",
-                               "--dataset", "synthetic", "--method", method, "--quadratic-dim",
-                               str(DIM), "--max-steps", str(STEPS), "--metrics", str(h5),
-                               "--save", str(out)], timeout=120)
+    res = mpirun(WORKERS + 1, [str(PROGS / "poison_worker.py"), "2",
+                               *quadratic_args(method=method, dim=DIM, steps=STEPS, metrics=h5,
+                                               save=out)], timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     run = load_run(h5)
     # DOWNPOUR: every 5th update of worker 2. GEM: from the first one on, since the NaN

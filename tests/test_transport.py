@@ -7,6 +7,7 @@ from collections import Counter
 
 import numpy as np
 from conftest import PROGS, mpirun
+from helpers import assert_exactly_once
 
 
 def _stress(tmp_path, ranks: int, n_params: int, steps: int, delay: float = 0.0) -> dict:
@@ -25,9 +26,7 @@ def test_no_torn_pull_no_lost_or_duplicated_update(tmp_path):
     assert r["torn"] == 0  # every pull saw one version of θ, never a mixture
     assert len(log) == total
     # each worker's updates arrive exactly once, and in its own order
-    pairs = Counter(map(tuple, log[:, :2].tolist()))
-    assert set(pairs) == {(w, s) for w in range(1, workers + 1) for s in range(steps)}
-    assert max(pairs.values()) == 1
+    assert_exactly_once(log[:, 0], log[:, 1], range(1, workers + 1), steps)
     # every ticket drawn (updates and the final DONE messages) is used exactly once
     tickets = sorted(log[:, 2].tolist() + r["done_tickets"])
     assert tickets == list(range(total + workers))

@@ -19,8 +19,9 @@ worker sends s only with its first update. It costs the master 4 more bytes per 
 
 DOWNPOUR (π = 1) and adaptive staleness (π = 1/(τ + 1)) send Δθ alone. An update holding a
 NaN or an Inf is rejected whole by the master's kernel. This module is the one place that
-knows the rule's formulas for the worker, the payload layout, and the fixed π of the
-baselines; the fused master-side arithmetic lives in :mod:`gem_mpi.algorithm.kernel`.
+knows the rule's formulas for the worker and the fixed π of the baselines; the payload's
+layout is :mod:`gem_mpi.protocol`'s, the fused master-side arithmetic
+:mod:`gem_mpi.algorithm.kernel`'s.
 """
 
 from __future__ import annotations
@@ -32,21 +33,8 @@ from typing import Any
 import numpy as np
 
 from gem_mpi.algorithm.kernel import GemStats, Kernel
-from gem_mpi.config import ADAPTIVE, GEM, SHIFT_PAPER, OptimConfig
-
-
-def payload_floats(method: str, n_params: int) -> int:
-    """Floats of an update's mailbox slot: (Δθ, κ|m|, s) for GEM, Δθ alone otherwise."""
-    return 3 * n_params if method == GEM else n_params
-
-
-def update_lengths(optim: OptimConfig, n_params: int) -> tuple[int, ...]:
-    """The payload lengths an update may arrive with. With the paper's shift a GEM worker
-    sends s with its first update only; afterwards the master keeps it in the slot."""
-    full = payload_floats(optim.method, n_params)
-    if optim.method == GEM and optim.gem_shift == SHIFT_PAPER:
-        return (2 * n_params, full)
-    return (full,)
+from gem_mpi.config import ADAPTIVE, GEM, OptimConfig
+from gem_mpi.protocol import SHIFT_BASE, update_payload
 
 
 def fixed_scale(method: str, staleness: int) -> float:
@@ -111,7 +99,7 @@ class WorkerRule:
         ``resumed``: this worker's updates before a checkpoint were applied, so with the
         paper's shift the master holds its s already (the checkpoint carries it)."""
         self.momentum = Momentum.zeros_like(like, optim) if optim.method == GEM else None
-        self.send_s_once = optim.gem_shift == SHIFT_PAPER
+        self.send_s_once = update_payload(optim, 0).kept == SHIFT_BASE  # the master keeps s
         self.sent_s = resumed
 
     def payload(self, delta: np.ndarray, s: np.ndarray, delta_on_device: Any = None,
@@ -136,23 +124,27 @@ class MasterRule:
     def __init__(self, optim: OptimConfig, kernel: Kernel, n_params: int) -> None:
         self.method, self.kernel, self.n = optim.method, kernel, n_params
         self.eps, self.pi_max = optim.eps, optim.pi_max
-        self.keep_s = optim.gem_shift == SHIFT_PAPER
-        self.floats = payload_floats(self.method, n_params)
+        self.payload = update_payload(optim, n_params)
+        self.keep_s = self.payload.kept == SHIFT_BASE
 
     def kept(self, payloads: np.ndarray) -> np.ndarray | None:
-        """The s the master keeps per worker (rows of the mailbox ``payloads``) under the
-        paper's shift, a view; None when it keeps none. A checkpoint holds it, so that a
-        resume continues each worker's shift exactly."""
-        return payloads[:, 2 * self.n:3 * self.n] if self.keep_s else None
+        """The s the master keeps per worker (rows of the mailbox ``payloads``: the slots'
+        ``kept`` part, :mod:`gem_mpi.protocol`) under the paper's shift, a view; None when it
+        keeps none. A checkpoint holds it, so that a resume continues each worker's shift
+        exactly."""
+        span = self.payload.kept_span
+        return None if span is None else payloads[:, span[0]:span[1]]
 
     def apply(self, theta: np.ndarray, payload: np.ndarray,
               staleness: int) -> tuple[bool, GemStats | None]:
-        """θ ← θ + π·Δθ in place; (applied, GEM statistics or None). Not applied: θ untouched."""
-        n = self.n
+        """θ ← θ + π·Δθ in place; (applied, GEM statistics or None). Not applied: θ untouched.
+        Under the paper's shift the kernel writes θ before the update into the slot's kept s
+        (``payload`` is a view of the slot)."""
         if self.method == GEM:
-            s = payload[2 * n:3 * n]
-            stats = self.kernel.gem_step(theta, payload[:n], payload[n:2 * n], s, self.eps,
-                                         self.pi_max, keep=s if self.keep_s else None)
+            delta, a, s = self.payload.split(payload)
+            stats = self.kernel.gem_step(theta, delta, a, s, self.eps, self.pi_max,
+                                         keep=s if self.keep_s else None)
             return stats is not None, stats
-        ok = self.kernel.fixed_step(theta, payload[:n], fixed_scale(self.method, staleness))
+        (delta,) = self.payload.split(payload)
+        ok = self.kernel.fixed_step(theta, delta, fixed_scale(self.method, staleness))
         return ok, None

@@ -14,12 +14,12 @@ from gem_mpi.bench.kernel import GEM_BYTES_PER_ELEMENT, _triad_seconds
 
 def bench_master(sizes: list[int], updates: int, threads: int, poll_ms: float) -> dict | None:
     """Workers commit pre-computed GEM updates as fast as they can; the real master applies."""
-    from gem_mpi.algorithm.rule import payload_floats
     from gem_mpi.config import Config
     from gem_mpi.engine.master import Master
     from gem_mpi.problem import build_problem
+    from gem_mpi.protocol import DONE, UPDATE, WORKER_TIME_COLUMNS, layout
     from gem_mpi.transport import start_mpi
-    from gem_mpi.transport.endpoints import DONE, UPDATE, Layout, WorkerEndpoint
+    from gem_mpi.transport.endpoints import WorkerEndpoint
 
     comm = start_mpi()
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -34,11 +34,11 @@ def bench_master(sizes: list[int], updates: int, threads: int, poll_ms: float) -
                         metrics=os.path.join(tmp, "bench.h5") if tmp else None)
         steps = cfg.data.max_steps
         problem = build_problem(cfg.data, with_theta0=rank == 0)
-        layout = Layout(n_workers, problem.n_params, payload_floats("gem", n))
+        sizes = layout(cfg.optim, problem.n_params, n_workers)
         if rank == 0:
             triad_s = _triad_seconds(GEM_BYTES_PER_ELEMENT * n, threads)
             kernel = gem.Kernel(problem.offsets, threads=threads)
-            master = Master(cfg, comm, layout, problem, kernel)
+            master = Master(cfg, comm, sizes, problem, kernel)
             master.run()
             summary = master.sup.summary
             ups = summary["updates"] / summary["wall_s"]
@@ -54,7 +54,7 @@ def bench_master(sizes: list[int], updates: int, threads: int, poll_ms: float) -
                          # the ceiling of ratio_to_bound when the workers share the machine
                          "apply_ratio_to_bound": triad_s / apply_s})
         else:
-            ep = WorkerEndpoint(comm, layout, poll_limit=poll_ms / 1000.0)
+            ep = WorkerEndpoint(comm, sizes, poll_limit=poll_ms / 1000.0)
             delta = (np.random.default_rng(rank).normal(size=n) * 1e-3).astype(np.float32)
             a = np.abs(delta) * np.float32(2.0)
             version = ep.pull()
@@ -62,7 +62,8 @@ def bench_master(sizes: list[int], updates: int, threads: int, poll_ms: float) -
                 ep.commit(UPDATE, seq, version, 0.0, 0.0, (delta, a, ep.theta))
                 ep.wait_slot_free()
                 version = ep.pull()
-            ep.commit(DONE, steps, version)
+            no_split = np.full(len(WORKER_TIME_COLUMNS), np.nan, np.float32)  # not measured
+            ep.commit(DONE, steps, version, parts=(no_split,))
             ep.wait_shutdown()
             ep.close()
     if rank != 0:

@@ -16,27 +16,20 @@ import numpy as np
 from gem_mpi.algorithm.kernel import GemStats, Kernel
 from gem_mpi.algorithm.rule import MasterRule
 from gem_mpi.config import Config
-from gem_mpi.outputs.metrics import WORKER_TIME_COLUMNS
 from gem_mpi.problem import Problem
-from gem_mpi.run.supervisor import (
-    EXIT_CODES,
-    Outcome,
-    RunSupervisor,
-    StopFlag,
-    Verdict,
-    say,
-)
-from gem_mpi.transport import MPI
-from gem_mpi.transport.endpoints import (
+from gem_mpi.protocol import (
     ABORTED,
     DIVERGED,
     DONE,
     FINISHED,
     OUTPUT_FAILED,
     STOPPED,
+    WORKER_TIME_COLUMNS,
     Layout,
-    MasterEndpoint,
 )
+from gem_mpi.run.supervisor import EXIT_CODES, Outcome, RunSupervisor, StopFlag, Verdict, say
+from gem_mpi.transport import MPI
+from gem_mpi.transport.endpoints import MasterEndpoint
 
 # the stop word each outcome sends the workers (they exit with the code it maps back to)
 SHUTDOWN = {Outcome.FINISHED: FINISHED, Outcome.STOPPED: STOPPED, Outcome.DIVERGED: DIVERGED,

@@ -16,11 +16,11 @@ import numpy as np
 from gem_mpi.algorithm.rule import WorkerRule
 from gem_mpi.config import Config, DataConfig, OptimConfig
 from gem_mpi.outputs import checkpoint
-from gem_mpi.outputs.metrics import WORKER_TIME_COLUMNS
 from gem_mpi.problem import Problem, unflatten
+from gem_mpi.protocol import DONE, STOPPED, UPDATE, WORKER_TIME_COLUMNS, Layout
 from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
 from gem_mpi.transport import MPI
-from gem_mpi.transport.endpoints import DONE, STOPPED, UPDATE, Layout, WorkerEndpoint
+from gem_mpi.transport.endpoints import WorkerEndpoint
 
 
 class _QuadraticSteps:
@@ -99,7 +99,7 @@ class _TorchSteps:
 def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
                placement: Placement, start_seq: int = 0, run_id: str = "") -> int:
     """Train until the data budget is used (or the master stops the run early); returns the
-    master's stop word (one of transport.endpoints' stop words).
+    master's stop word (one of gem_mpi.protocol's stop words).
 
     ``start_seq`` > 0 resumes from a checkpoint: the first ``start_seq`` updates of this
     worker were applied before it, so its data stream continues after them.

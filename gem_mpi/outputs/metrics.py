@@ -21,6 +21,7 @@ import h5py
 import numpy as np
 
 from gem_mpi.outputs.files import atomic_write, h5py_write_errors, os_reason
+from gem_mpi.protocol import WORKER_TIME_COLUMNS
 
 SCHEMA_VERSION = 1
 
@@ -58,11 +59,10 @@ REJECTED_COLUMNS = [("time", "f8"), ("worker", "i4"), ("seq", "i8"), ("ticket", 
 SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished", "rejected",
                   "diverged",
                   "master_wait_s", "master_apply_s", "master_metrics_s", "master_mpi_s"]
-# the asynchronous workers' own time split (seconds, one row per worker, sent with their
-# last message; /summary/worker_time, NaN for a worker that did not finish): what each
-# worker's wall time went to, from its first pull to its last message
-WORKER_TIME_COLUMNS = ["wall", "compute", "load", "payload", "commit", "wait", "backoff",
-                       "pull", "straggle"]
+# the asynchronous workers' own time split, WORKER_TIME_COLUMNS (seconds, one row per
+# worker, sent with their DONE message, gem_mpi.protocol; /summary/worker_time, NaN for a
+# worker that did not finish): what each worker's wall time went to, from its first pull to
+# its last message
 SYNC_SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished",
                        "diverged", "compute_s", "allreduce_s"]
 

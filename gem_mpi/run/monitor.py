@@ -123,7 +123,7 @@ class Evaluator:
         return loss, acc
 
 
-class Progress:
+class ProgressLine:
     """One status line on rank 0: a live tqdm bar on a terminal, throttled lines otherwise."""
 
     def __init__(self, log_every: float, unit: str = "upd", noun: str = "updates") -> None:

@@ -80,7 +80,6 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
         result: dict | None = None) -> Outcome:
     """This rank's part of the run: the master, a worker, or a synchronous worker.
     ``result``, if given, receives on rank 0 the final θ and the model it was loaded into."""
-    from gem_mpi.algorithm.rule import payload_floats, update_lengths
     from gem_mpi.problem import build_problem
     from gem_mpi.run.rank import local_placement
 
@@ -96,13 +95,9 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
         from gem_mpi.baseline.sync import run_sync
 
         return run_sync(cfg, comm, problem, placement, stop, resumed, result)
-    from gem_mpi.outputs.metrics import WORKER_TIME_COLUMNS
-    from gem_mpi.transport.endpoints import Layout
+    from gem_mpi.protocol import layout as message_layout
 
-    done_floats = len(WORKER_TIME_COLUMNS)  # a worker's last message: its time split
-    layout = Layout(n_workers, problem.n_params,
-                    max(payload_floats(cfg.method, problem.n_params), done_floats),
-                    update_lengths(cfg.optim, problem.n_params), done_floats)
+    layout = message_layout(cfg.optim, problem.n_params, n_workers)
     soft_barrier(comm)
     # every rank learns the run's id (a new one on a fresh start) and where it resumes
     run_id = uuid.uuid4().hex if resumed is None else resumed["run_id"]

@@ -30,7 +30,7 @@ from gem_mpi.errors import OutputError
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.metrics import MetricsWriter
 from gem_mpi.problem import Problem, save_final
-from gem_mpi.run.monitor import Evaluator, LossWatch, Progress, Watchdog
+from gem_mpi.run.monitor import Evaluator, LossWatch, ProgressLine, Watchdog
 
 
 class Outcome(enum.Enum):
@@ -216,8 +216,8 @@ class RunSupervisor:
                 kernel_name, resume_rows=rows, min_free_bytes=self.monitor.min_free_bytes,
                 run_id=self.run_id, resume_log=log,
             )
-        self.progress = Progress(self.monitor.log_every, unit="upd" if noun == "update"
-                                 else "step", noun=f"{noun}s")
+        self.progress = ProgressLine(self.monitor.log_every, unit="upd" if noun == "update"
+                                     else "step", noun=f"{noun}s")
         self.checkpointer = Checkpointer(self.outputs.checkpoint_dir,
                                          self.outputs.checkpoint_every, cfg.as_dict(),
                                          n_workers, [engine, _MetricsRows(self.metrics), self])

@@ -7,17 +7,27 @@ make a pull that overlaps them read again), and releases the slots. The :class:`
 tells workers when the run ends and how; each worker signs the :class:`Roll` as it leaves,
 and the master frees the windows (a collective) only once all have, so that a stuck worker
 can delay the end of a run by at most ``timeout_s`` (then the caller aborts the job). Neither
-side sees a window, a cell or a displacement.
+side sees a window, a cell or a displacement. The message kinds, the stop words and the
+:class:`Layout` are :mod:`gem_mpi.protocol`'s (importable from here as before).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from gem_mpi.transport import MASTER, MPI, Backoff, Progress, soft_barrier
+from gem_mpi.protocol import (  # the message format; re-exported for the endpoints' users
+    ABORTED,
+    DIVERGED,
+    DONE,
+    FINISHED,
+    OUTPUT_FAILED,
+    RUNNING,
+    STOPPED,
+    UPDATE,
+    Layout,
+)
 from gem_mpi.transport.idioms import (
     Mailbox,
     Message,
@@ -26,29 +36,8 @@ from gem_mpi.transport.idioms import (
     TicketCounter,
     VersionedArray,
 )
-
-# message kinds
-UPDATE = 1  # carries the payload
-DONE = 2  # the worker's budget is used up; no payload
-
-# the stop word: how the run ended, so that every rank exits with the master's code
-RUNNING = 0
-FINISHED = 1
-ABORTED = 2  # an error: the job is failing
-STOPPED = 3  # stopped early (signal): workers leave without their DONE message
-DIVERGED = 4  # stopped early, diverged: workers keep no state of it
-OUTPUT_FAILED = 5  # stopped early, an output could not be written
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Sizes every rank must agree on before the collective window allocation."""
-
-    n_workers: int
-    n_params: int
-    payload_floats: int  # floats of an update's slot
-    update_lengths: tuple[int, ...] = ()  # lengths an update may arrive with (default: full)
-    done_floats: int = 0  # length of a worker's last message (its time split)
+from gem_mpi.transport.polling import Backoff, ProgressPoke, soft_barrier
+from gem_mpi.transport.runtime import MASTER, MPI
 
 
 class _Endpoint:
@@ -57,10 +46,10 @@ class _Endpoint:
     def __init__(self, comm: MPI.Intracomm, layout: Layout, ticket0: int = 0) -> None:
         self.layout = layout
         soft_barrier(comm)  # ranks arrive after uneven imports and data loading
-        self.progress = Progress(comm)
+        self.progress = ProgressPoke(comm)
         self.tickets = TicketCounter(comm, ticket0)
         self.stop = StopWord(comm)
-        self.mailbox = Mailbox(comm, layout.n_workers, layout.payload_floats)
+        self.mailbox = Mailbox(comm, layout.n_workers, layout.payload_floats, layout.kept)
         self.theta_window = VersionedArray(comm, layout.n_params)
         self.roll = Roll(comm, layout.n_workers)
 
@@ -87,13 +76,21 @@ class MasterEndpoint(_Endpoint):
 
     def idle_backoff(self, first: float = 20e-6, limit: float = 1e-3) -> Backoff:
         """The back-off for rank 0's idle polling: it makes MPI progress before each sleep,
-        so workers' RMA on rank 0 completes on every stack (see :class:`Progress`)."""
+        so workers' RMA on rank 0 completes on every stack (see
+        :class:`~gem_mpi.transport.polling.ProgressPoke`)."""
         return Backoff(first, limit, progress=self.progress)
 
     @property
     def payloads(self) -> np.ndarray:
         """Every slot's payload area, one row per worker (rank 0's own memory)."""
         return self.mailbox.payloads
+
+    @property
+    def kept(self) -> np.ndarray | None:
+        """The part of every slot that rank 0 writes and keeps between a worker's messages
+        (``Layout.kept``: GEM's s under ``--gem-shift paper``), one row per worker; None when
+        the layout keeps none."""
+        return self.mailbox.kept
 
     def ready(self) -> np.ndarray:
         """Slots with a message waiting, lowest ticket first."""

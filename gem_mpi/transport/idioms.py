@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gem_mpi.transport import MASTER, MPI, Backoff
+from gem_mpi.transport.polling import Backoff
+from gem_mpi.transport.runtime import MASTER, MPI
 
 HEADER_BYTES = 64
 
@@ -240,21 +241,34 @@ class Mailbox:
     payload is complete, ticket order is the order in which messages became ready; rank 0
     takes the ready slots lowest ticket first. A worker posts again only once rank 0 has
     released its slot (flag back to 0). Rank 0 checks each message's length on arrival.
+
+    ``kept``, a float range [lo, hi) of the payload area, is rank 0's own part of every slot
+    (:data:`kept`, one row per slot): rank 0 writes it while it applies a message (GEM's s
+    under ``--gem-shift paper``, see :mod:`gem_mpi.protocol`), a release leaves it as it is,
+    a post that ends at ``lo`` leaves it untouched, and a full post sets it (a worker's
+    first s).
     """
 
-    def __init__(self, comm: MPI.Intracomm, n_slots: int, payload_floats: int) -> None:
+    def __init__(self, comm: MPI.Intracomm, n_slots: int, payload_floats: int,
+                 kept: tuple[int, int] | None = None) -> None:
         self.n_slots, self.payload_floats = n_slots, payload_floats
+        if kept is not None and not 0 <= kept[0] <= kept[1] <= payload_floats:
+            raise ValueError(f"kept range {kept} outside the slot's {payload_floats} floats")
+        self.kept_span = kept
         self.slot_bytes = (HEADER_BYTES + 4 * payload_floats + 63) // 64 * 64
         self._flags = _Window(comm, 8 * n_slots, 8)  # int64 cells, one per slot
         self._slots = _Window(comm, self.slot_bytes * n_slots, 1)
         self._one = np.zeros(1, np.int64)
         self._result = np.zeros(1, np.int64)
+        self.kept: np.ndarray | None = None  # rank 0: the kept part of every slot, a view
         if self._flags.is_master:
             self.flags = self._flags.memory.view(np.int64)
             slots = self._slots.memory.reshape(n_slots, self.slot_bytes)
             self._headers = slots[:, :HEADER_BYTES]
             self.payloads = slots[:, HEADER_BYTES:HEADER_BYTES + 4 * payload_floats].view(
                 np.float32)
+            if kept is not None:
+                self.kept = self.payloads[:, kept[0]:kept[1]]
             self._snap = np.zeros(n_slots, np.int64)
         else:
             self._header = np.zeros(1, HEADER)

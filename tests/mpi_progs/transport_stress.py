@@ -11,8 +11,9 @@ import time
 
 import numpy as np
 
+from gem_mpi.protocol import DONE, UPDATE, Layout
 from gem_mpi.transport import start_mpi
-from gem_mpi.transport.endpoints import DONE, UPDATE, Layout, MasterEndpoint, WorkerEndpoint
+from gem_mpi.transport.endpoints import MasterEndpoint, WorkerEndpoint
 
 n_params, steps, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 # seconds the master sleeps per update: makes the master the bottleneck on purpose

@@ -1,0 +1,122 @@
+"""What the master and the workers say to each other: the one definition of their messages.
+
+The transport (:mod:`gem_mpi.transport`) moves bytes and checks lengths: a mailbox slot per
+worker, a stop word, θ. What the bytes mean lives here, so that a worker, the master, the
+metrics writer and the launcher cannot disagree: the message kinds, the stop words, the
+payload of an update for each method, the payload of a worker's last message, and the
+:class:`Layout` every rank must agree on before the collective window allocation. It sits
+above the transport because an update's payload depends on the method (the transport knows
+nothing of GEM), and it imports no MPI, so the metrics writer and the offline readers can use
+it.
+
+An update's payload is float32, each part ``n_params`` long, in this order:
+
+    GEM       Δθ, κ|m|, s     s: the θ Δθ was computed on (see gem_mpi.algorithm.rule)
+    others    Δθ              DOWNPOUR (π = 1), adaptive staleness (π = 1/(τ + 1))
+
+With ``--gem-shift paper`` the master *keeps* s in each worker's slot: while applying an
+update the kernel writes θ just before it into the slot's s part (the Mailbox's ``kept``
+range, which outlives the slot's release), so a worker sends s with its first update only and
+(Δθ, κ|m|) afterwards; s is the last part so that a shorter post leaves it in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gem_mpi.config import GEM, SHIFT_PAPER, OptimConfig
+
+# message kinds (a mailbox header's ``kind``)
+UPDATE = 1  # carries an update's payload
+DONE = 2  # the worker's budget is used up; carries its time split (WORKER_TIME_COLUMNS)
+KINDS = {UPDATE: "update", DONE: "done"}
+
+# the stop word: how the run ended, so that every rank exits with the master's code
+RUNNING = 0
+FINISHED = 1
+ABORTED = 2  # an error: the job is failing
+STOPPED = 3  # stopped early (signal): workers leave without their DONE message
+DIVERGED = 4  # stopped early, diverged: workers keep no state of it
+OUTPUT_FAILED = 5  # stopped early, an output could not be written
+STOP_WORDS = {RUNNING: "running", FINISHED: "finished", ABORTED: "aborted",
+              STOPPED: "stopped", DIVERGED: "diverged", OUTPUT_FAILED: "output failed"}
+
+# DONE's payload: the worker's own time split in seconds, one float32 per column, from its
+# first pull to its last message (the metrics file's /summary/worker_time)
+WORKER_TIME_COLUMNS = ["wall", "compute", "load", "payload", "commit", "wait", "backoff",
+                       "pull", "straggle"]
+
+# the parts of an update's payload, by name: Δθ, κ|m|, s
+DELTA, AMPLITUDE, SHIFT_BASE = "delta", "a", "s"
+
+
+@dataclass(frozen=True)
+class UpdatePayload:
+    """The parts of one method's update, each ``n_params`` float32, and the part rank 0
+    keeps in the slot between a worker's updates (None: it keeps none)."""
+
+    n_params: int
+    parts: tuple[str, ...]
+    kept: str | None = None
+
+    @property
+    def floats(self) -> int:
+        """Floats of a full update: the slot's update area."""
+        return len(self.parts) * self.n_params
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """The lengths an update may arrive with: without the kept part, or full."""
+        if self.kept is None:
+            return (self.floats,)
+        return (self.floats - self.n_params, self.floats)
+
+    def span(self, name: str) -> tuple[int, int]:
+        """The float range [lo, hi) of part ``name`` in the payload."""
+        lo = self.parts.index(name) * self.n_params
+        return lo, lo + self.n_params
+
+    @property
+    def kept_span(self) -> tuple[int, int] | None:
+        return None if self.kept is None else self.span(self.kept)
+
+    def split(self, payload: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Views of the parts of one slot's payload, in order."""
+        n = self.n_params
+        return tuple(payload[i * n:(i + 1) * n] for i in range(len(self.parts)))
+
+
+def update_payload(optim: OptimConfig, n_params: int) -> UpdatePayload:
+    """(Δθ, κ|m|, s) for GEM, s kept by the master under the paper's shift; Δθ otherwise."""
+    if optim.method == GEM:
+        kept = SHIFT_BASE if optim.gem_shift == SHIFT_PAPER else None
+        return UpdatePayload(n_params, (DELTA, AMPLITUDE, SHIFT_BASE), kept)
+    return UpdatePayload(n_params, (DELTA,))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Sizes every rank must agree on before the collective window allocation."""
+
+    n_workers: int
+    n_params: int
+    payload_floats: int  # floats of a mailbox slot's payload area
+    update_lengths: tuple[int, ...] = ()  # lengths an update may arrive with (default: full)
+    done_floats: int = 0  # length of a worker's DONE message (its time split)
+    kept: tuple[int, int] | None = None  # the floats of each slot rank 0 writes and keeps
+
+
+def layout(optim: OptimConfig, n_params: int, n_workers: int) -> Layout:
+    """The run's :class:`Layout`: the slot holds a full update or a DONE, whichever is
+    longer."""
+    update = update_payload(optim, n_params)
+    done = len(WORKER_TIME_COLUMNS)
+    return Layout(n_workers, n_params, max(update.floats, done), update.lengths, done,
+                  update.kept_span)
+
+
+__all__ = ["ABORTED", "AMPLITUDE", "DELTA", "DIVERGED", "DONE", "FINISHED", "KINDS",
+           "OUTPUT_FAILED", "RUNNING", "SHIFT_BASE", "STOPPED", "STOP_WORDS", "UPDATE",
+           "WORKER_TIME_COLUMNS", "Layout", "UpdatePayload", "layout", "update_payload"]
