@@ -15,7 +15,7 @@ import numpy as np
 
 from gem_mpi.algorithm.kernel import GemStats, Kernel
 from gem_mpi.algorithm.rule import MasterRule
-from gem_mpi.config import Config
+from gem_mpi.config import GEM, Config
 from gem_mpi.problem import Problem
 from gem_mpi.protocol import (
     ABORTED,
@@ -27,6 +27,7 @@ from gem_mpi.protocol import (
     WORKER_TIME_COLUMNS,
     Layout,
 )
+from gem_mpi.run.rank import Placement
 from gem_mpi.run.supervisor import EXIT_CODES, Outcome, RunSupervisor, StopFlag, Verdict, say
 from gem_mpi.transport import MPI
 from gem_mpi.transport.endpoints import MasterEndpoint
@@ -79,6 +80,7 @@ class Master:
         self.timers = dict.fromkeys(("wait", "apply", "metrics", "mpi"), 0.0)
         self.worker_time = np.full((self.n_workers, len(WORKER_TIME_COLUMNS)), np.nan)
         self.recent_staleness = 0.0
+        self.final_theta: np.ndarray | None = None  # θ once the run ended (rank 0's result)
         self.sup = RunSupervisor(cfg, problem, self.n_workers, self, kernel.name,
                                  stop if stop is not None else StopFlag(), resumed,
                                  eval_threads=eval_threads, run_id=run_id)
@@ -232,3 +234,46 @@ class Master:
         return (f"done: {s['updates']} updates in {s['wall_s']:.1f} s "
                 f"({s['updates'] / max(s['wall_s'], 1e-9):.1f} upd/s), test loss "
                 f"{s['test_loss']:.4f}, test accuracy {acc}{rejected}")
+
+
+def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
+                 stop: StopFlag, resumed: dict | None, placement: Placement,
+                 run_id: str) -> Master:
+    """Rank 0's part of an asynchronous run, set up: its kernel and the kernel's threads,
+    the evaluation's threads, and the start-up line."""
+    import os
+
+    from gem_mpi.algorithm.kernel import kernel_threads
+
+    kernel = Kernel(problem.offsets, prefer_extension=not cfg.runtime.no_extension,
+                    threads=kernel_threads())
+    say(f"{cfg.method} on {cfg.data.model}/{cfg.data.dataset}: 1 master + "
+        f"{layout.n_workers} workers, {problem.n_params} parameters, master kernel: "
+        f"{kernel.name}"
+        + (f"; resuming {resumed['path']} at update {resumed['clock']}"
+           + _changes_note(resumed) + _momentum_note(cfg, resumed) if resumed else ""))
+    # the evaluation's torch threads: what the node's cores leave to the master's rank
+    cores = len(os.sched_getaffinity(0))
+    eval_threads = max(1, cores - (placement.local_size - 1))
+    return Master(cfg, comm, layout, problem, kernel, stop, resumed, eval_threads,
+                  run_id=run_id)
+
+
+def _changes_note(state: dict) -> str:
+    """The settings this resume changes, for the start-up line (the metrics file keeps them)."""
+    return "".join(f", --{k.replace('_', '-')} {a!r} -> {b!r}"
+                   for k, (a, b) in state["changes"].items())
+
+
+def _momentum_note(cfg: Config, state: dict) -> str:
+    """How many GEM workers will find the momentum they saved when the run was stopped."""
+    if cfg.method != GEM:
+        return ""
+    from gem_mpi.outputs import checkpoint
+
+    directory, seqs = cfg.outputs.checkpoint_dir, state["next_seq"]
+    found = sum(
+        checkpoint.load_worker_momentum(directory, w + 1, int(seqs[w]), state["run_id"])
+        is not None for w in range(len(seqs)) if seqs[w] > 0
+    ) if directory else 0
+    return f", worker momentum restored for {found} of {len(seqs)} workers (the rest start at 0)"

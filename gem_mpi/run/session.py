@@ -8,7 +8,6 @@ rank. Then every rank takes its part: the master, a worker, or a synchronous wor
 
 from __future__ import annotations
 
-import os
 import uuid
 
 from gem_mpi import config
@@ -104,20 +103,9 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
     start_seqs, run_id = comm.bcast((None if resumed is None else resumed["next_seq"].tolist(),
                                      run_id), root=MASTER)
     if rank == MASTER:
-        from gem_mpi.algorithm.kernel import Kernel, kernel_threads
-        from gem_mpi.engine.master import Master
+        from gem_mpi.engine.master import start_master
 
-        kernel = Kernel(problem.offsets, prefer_extension=not cfg.runtime.no_extension,
-                        threads=kernel_threads())
-        say(f"{cfg.method} on {cfg.data.model}/{cfg.data.dataset}: 1 master + "
-            f"{n_workers} workers, {problem.n_params} parameters, master kernel: {kernel.name}"
-            + (f"; resuming {resumed['path']} at update {resumed['clock']}"
-               + _changes_note(resumed) + _momentum_note(cfg, resumed) if resumed else ""))
-        # the evaluation's torch threads: what the node's cores leave to the master's rank
-        cores = len(os.sched_getaffinity(0))
-        eval_threads = max(1, cores - (placement.local_size - 1))
-        master = Master(cfg, comm, layout, problem, kernel, stop, resumed, eval_threads,
-                        run_id=run_id)
+        master = start_master(cfg, comm, layout, problem, stop, resumed, placement, run_id)
         outcome = master.run()
         if result is not None:
             result.update(theta=master.final_theta, summary=master.sup.summary)
@@ -132,22 +120,3 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
     # the master alone reports how the run ended; every rank exits with its code
     return OUTCOME_OF.get(code, Outcome.FAILED)
 
-
-def _changes_note(state: dict) -> str:
-    """The settings this resume changes, for the start-up line (the metrics file keeps them)."""
-    return "".join(f", --{k.replace('_', '-')} {a!r} -> {b!r}"
-                   for k, (a, b) in state["changes"].items())
-
-
-def _momentum_note(cfg: config.Config, state: dict) -> str:
-    """How many GEM workers will find the momentum they saved when the run was stopped."""
-    if cfg.method != config.GEM:
-        return ""
-    from gem_mpi.outputs import checkpoint
-
-    directory, seqs = cfg.outputs.checkpoint_dir, state["next_seq"]
-    found = sum(
-        checkpoint.load_worker_momentum(directory, w + 1, int(seqs[w]), state["run_id"])
-        is not None for w in range(len(seqs)) if seqs[w] > 0
-    ) if directory else 0
-    return f", worker momentum restored for {found} of {len(seqs)} workers (the rest start at 0)"
