@@ -33,6 +33,10 @@ MODELS = (*TORCH_MODELS, QUADRATIC)
 DATASETS = ("fashion-mnist", "mnist", "imagenet", "synthetic")
 SHIFT_OTHERS, SHIFT_PAPER = "others", "paper"  # GEM's two readings of the shift |θ − s|
 GEM_SHIFTS = (SHIFT_OTHERS, SHIFT_PAPER)
+# where a worker computes its next gradient: at θ pulled after its own update was applied
+# (it waits), or at θ pulled just before it commits that update (Algorithm 1's order)
+WAIT, PIPELINED = "wait", "pipelined"
+WORKER_MODES = (WAIT, PIPELINED)
 
 
 def is_plugin(name: str) -> bool:
@@ -92,12 +96,21 @@ class OptimConfig:
     kappa: float = opt(1.0, "proxy amplification κ (> 0)", check=POSITIVE_F32)
     pi_max: float = opt(5.0, "upper clamp of the GEM scale π (> 0)", check=POSITIVE_F32)
     eps: float = opt(1e-16, "ε in π's denominator |Δθ| + ε (> 0)", check=POSITIVE_F32)
-    gem_shift: str = opt(SHIFT_OTHERS, "GEM's shift |θ − s|: 'others' takes s after the "
-                         "worker's own previous update was applied (it counts the other "
-                         "workers' updates); 'paper' takes s just before it was applied, as "
-                         "the paper's Algorithm 1 prints it (it also counts the worker's own "
-                         "previous scaled update)",
+    gem_shift: str = opt(SHIFT_OTHERS, "GEM's shift |θ − s|: 'others' takes s = the θ the "
+                         "update was computed at (with --worker-mode wait that θ holds the "
+                         "worker's own previous update, so the shift counts the other "
+                         "workers' updates; with pipelined it is Algorithm 1's s); 'paper' "
+                         "takes s = θ just before the worker's previous update was applied, "
+                         "as the authors' prototype code does (not Algorithm 1)",
                          check=(lambda v: v in GEM_SHIFTS, f"one of {', '.join(GEM_SHIFTS)}"))
+    worker_mode: str = opt(WAIT, "'wait': after each commit a worker waits until the master "
+                           "has applied it, then pulls θ and computes the next update there; "
+                           "'pipelined': it computes the next update at once, at the θ it "
+                           "pulled just before the commit, while the master applies it "
+                           "(Algorithm 1's order: with --gem-shift others, Algorithm 1 "
+                           "exactly); asynchronous methods only",
+                           check=(lambda v: v in WORKER_MODES,
+                                  f"one of {', '.join(WORKER_MODES)}"))
 
 
 @dataclass(frozen=True)
@@ -352,6 +365,9 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         raise UsageError(f"--dataset {dataset!r} is a dataset of your own and --model {model} "
                          "is built for the built-in datasets; give a model of your own too "
                          "(--model MODULE:FUNCTION)")
+    if method == SYNC and cfg.optim.worker_mode != WAIT:
+        raise UsageError("--worker-mode is for the asynchronous methods: --method sync has no "
+                         "master to pipeline against (every step waits for every worker)")
     if method == SYNC and model == QUADRATIC:
         raise UsageError("--method sync trains torch models (Horovod): --model quadratic is "
                          "for the asynchronous methods only")

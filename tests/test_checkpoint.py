@@ -88,8 +88,11 @@ def test_sigterm_to_the_whole_job_leaves_a_checkpoint_and_resume_finishes(tmp_pa
     _check_whole_run(tmp_path)
 
 
-def test_killed_worker_ends_the_job_and_resume_recovers(tmp_path):
-    proc = train_background(WORKERS + 1, *_args(tmp_path))
+@pytest.mark.parametrize("mode", ["wait", "pipelined"])
+def test_killed_worker_ends_the_job_and_resume_recovers(tmp_path, mode):
+    """Pipelined, the killed worker may have had an update in flight: applied at most once
+    before the kill, and every update exactly once after the resume."""
+    proc = train_background(WORKERS + 1, *_args(tmp_path, "--worker-mode", mode))
     try:
         wait_until(proc, _has_checkpoint(tmp_path))
         ranks = rank_pids(proc)
@@ -104,7 +107,8 @@ def test_killed_worker_ends_the_job_and_resume_recovers(tmp_path):
     assert proc.returncode != 0
     assert ended < 30
     assert "rank 2" in err  # mpirun names the rank that died
-    res = train(WORKERS + 1, *_args(tmp_path, "--resume", "auto"), timeout=300)
+    res = train(WORKERS + 1, *_args(tmp_path, "--worker-mode", mode, "--resume", "auto"),
+                timeout=300)
     assert res.returncode == 0, res.stderr
     _check_whole_run(tmp_path)
 
@@ -152,13 +156,16 @@ def _gem_args(tmp: Path, steps: int, *extra: str) -> list[str]:
     return args
 
 
-@pytest.mark.parametrize("shift", ["others", "paper"])
-def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path, shift):
+@pytest.mark.parametrize("shift,mode", [("others", "wait"), ("paper", "wait"),
+                                        ("others", "pipelined"), ("paper", "pipelined")])
+def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path, shift, mode):
     """Exact in both readings of the shift: with ``paper`` the master keeps each worker's s
     in its mailbox slot, and the checkpoint now carries it (the replay was off by up to
-    0.099 before)."""
+    0.099 before). Pipelined, a worker stops with its next update computed and maybe its
+    last one unapplied: m folds an update only once it is committed, so m is at most one
+    fold ahead of what was applied, which the momentum file's ``prev`` covers."""
     steps = 8000
-    args = _gem_args(tmp_path, steps, "--gem-shift", shift)
+    args = _gem_args(tmp_path, steps, "--gem-shift", shift, "--worker-mode", mode)
     proc = train_background(WORKERS + 1, *args)
     err = signal_when(proc, _has_checkpoint(tmp_path))
     assert proc.returncode == 3, err

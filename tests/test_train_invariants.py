@@ -48,9 +48,10 @@ def _check_log(run) -> dict:
     return u
 
 
+@pytest.mark.parametrize("mode", ["wait", "pipelined"])
 @pytest.mark.parametrize("method", ["downpour", "adaptive"])
-def test_final_theta_is_theta0_plus_the_applied_updates(tmp_path, method):
-    run, theta_final = _run(tmp_path, method)
+def test_final_theta_is_theta0_plus_the_applied_updates(tmp_path, method, mode):
+    run, theta_final = _run(tmp_path, method, "--worker-mode", mode)
     u = _check_log(run)
     ref = replay(u, Quadratic(DIM, 0), method, LR)
     # bit for bit in float32: same operations in the same order
@@ -91,6 +92,36 @@ def test_master_side_gem_equals_the_single_process_replay(tmp_path, kappa, shift
     assert ((pi > 0.0) & (pi < 5.0)).any() and (pi == 5.0).any()
     assert np.all(u["energy_proxy"] > 0)
     assert len(run.eval["clock"]) >= 1
+
+
+@pytest.mark.parametrize("kernel", ["extension", "numpy"])
+@pytest.mark.parametrize("shift", ["others", "paper"])
+def test_pipelined_gem_workers_equal_the_replay_of_their_event_order(tmp_path, shift, kernel):
+    """--worker-mode pipelined (Algorithm 1's order: the next Δθ is computed at the θ pulled
+    just before the commit, while the master applies it): the replay of the run's own event
+    order gives θ bit for bit in both readings of the shift and both kernels; every update
+    after a worker's first was computed before its own previous update was applied, so its
+    staleness is at least 1."""
+    extra = ["--worker-mode", "pipelined", "--gem-shift", shift]
+    run, theta_final = _run(tmp_path, "gem", *extra,
+                            *(["--no-extension"] if kernel == "numpy" else []))
+    u = _check_log(run)
+    ref = replay(u, Quadratic(DIM, 0), "gem", LR, MU, 1.0, 5.0, 1e-16,
+                 window=len(u["worker"]) + 1, shift=shift)
+    assert np.array_equal(theta_final, ref.theta)
+    # Algorithm 1's gradient point: update k was computed at a θ pulled after the worker's
+    # update k-2 was applied and before its update k-1 was (θ's version v holds the updates
+    # of clocks < v); the wait order would hold k-1 too
+    clocks: dict[tuple[int, int], int] = {}
+    for w, seq, clock in zip(u["worker"].tolist(), u["seq"].tolist(), u["clock"].tolist()):
+        clocks[w, seq] = clock
+    for w, seq, pulled in zip(u["worker"].tolist(), u["seq"].tolist(),
+                              u["version_pulled"].tolist()):
+        if seq >= 1:
+            assert pulled <= clocks[w, seq - 1]
+        if seq >= 2:
+            assert pulled > clocks[w, seq - 2]
+    assert (u["staleness"][u["seq"] > 0] >= 1).all()
 
 
 @pytest.mark.parametrize("method", ["gem", "downpour"])

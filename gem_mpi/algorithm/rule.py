@@ -102,6 +102,11 @@ class WorkerRule:
         self.send_s_once = update_payload(optim, 0).kept == SHIFT_BASE  # the master keeps s
         self.sent_s = resumed
 
+    @property
+    def sends_s(self) -> bool:
+        """Whether the next payload carries s (so the caller must keep it intact till then)."""
+        return self.momentum is not None and not (self.send_s_once and self.sent_s)
+
     def payload(self, delta: np.ndarray, s: np.ndarray, delta_on_device: Any = None,
                 to_host: Callable[[Any], np.ndarray] = np.asarray) -> tuple[np.ndarray, ...]:
         """(Δθ, κ|m|, s) for GEM, after folding Δθ into m; (Δθ,) otherwise. ``delta`` and

@@ -1,9 +1,13 @@
 """A worker rank: pull θ, compute Δθ = −η∇L(s) on its next mini-batch, commit, repeat.
 
 For GEM the worker also folds Δθ into its proxy momentum and sends the master the payload of
-:mod:`gem_mpi.algorithm.rule`. After a commit the worker waits until the master has applied
-it before pulling again, so its next s includes its own contribution and the shift the
-master measures, |θ − s|, counts the other workers' updates only.
+:mod:`gem_mpi.protocol`. Two orders (``--worker-mode``): ``wait``, where after a commit the
+worker waits until the master has applied it before pulling again, so its next gradient is
+taken at a θ holding its own update; and ``pipelined``, Algorithm 1's order, where it
+computes the next Δθ at once at the θ pulled just before the commit, while the master applies
+it, and waits for its mailbox slot only before the next commit. One update in flight is
+enough: the compute of the next one hides its application, and the single slot per worker
+keeps the master's memory and the exactly-once bookkeeping as they are.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import time
 import numpy as np
 
 from gem_mpi.algorithm.rule import WorkerRule
-from gem_mpi.config import Config, DataConfig, OptimConfig
+from gem_mpi.config import PIPELINED, Config, DataConfig, OptimConfig
 from gem_mpi.outputs import checkpoint
 from gem_mpi.problem import Problem, unflatten
 from gem_mpi.protocol import DONE, STOPPED, UPDATE, WORKER_TIME_COLUMNS, Layout
@@ -133,10 +137,43 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
     version = ep.pull()
     split["pull"] += clock() - t_start
     stopped = False
+    pipelined = cfg.optim.worker_mode == PIPELINED
+    s_copy = np.empty_like(ep.theta) if pipelined and momentum is not None else None
     for seq in range(start_seq, steps_fn.steps):
         t0 = clock()
         delta, loss = steps_fn(ep.theta, seq)
         t1 = clock()
+        if pipelined:
+            # Algorithm 1's order: the previous update was being applied while this one was
+            # computed; wait for its slot, then θ ← pull(), commit Δθ, s ← θ. m folds Δθ
+            # only now, so a stop during the wait leaves m one fold ahead at most
+            compute_s = t1 - t0
+            split["compute"] += compute_s
+            if slow_factor > 1.0:
+                time.sleep((slow_factor - 1.0) * compute_s)
+                compute_s *= slow_factor
+            t2 = clock()
+            split["straggle"] += t2 - t1
+            if not ep.wait_slot_free():
+                stopped = True
+                break
+            t3 = clock()
+            split["wait"] += t3 - t2
+            s = ep.theta
+            if s_copy is not None and rule.sends_s:  # the pull below overwrites ep.theta
+                np.copyto(s_copy, ep.theta)
+                s = s_copy
+            parts = rule.payload(delta, s, steps_fn.delta if on_device else None,
+                                 steps_fn.host)
+            t4 = clock()
+            split["payload"] += t4 - t3
+            pulled = ep.pull()
+            t5 = clock()
+            split["pull"] += t5 - t4
+            ep.commit(UPDATE, seq, version, loss, compute_s, parts)
+            split["commit"] += clock() - t5
+            version = pulled
+            continue
         # s: the θ this Δθ was computed on
         parts = rule.payload(delta, ep.theta, steps_fn.delta if on_device else None,
                              steps_fn.host)
@@ -162,6 +199,8 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
         if cfg.monitor.verbose and (seq + 1) % 100 == 0:
             print(f"gem_mpi: worker {rank}: step {seq + 1}/{steps_fn.steps} loss {loss:.4f} "
                   f"waited {split['wait']:.1f} s", file=sys.stderr, flush=True)
+    if pipelined and not stopped and not ep.wait_slot_free():  # the last update's turn
+        stopped = True
     if not stopped:
         # the compute split without the copy of θ into the model; waiting without the sleeps
         split["load"] = steps_fn.load_s
