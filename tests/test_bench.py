@@ -91,12 +91,14 @@ def test_bench_overhead_measures_the_ceiling_and_splits_every_rank_s_time(tmp_pa
     assert res.returncode == 0, res.stderr
     result = json.loads(out.read_text())
     assert result["ceiling_steps_per_s"] > 0 and len(result["ceiling_each"]) >= 1
-    [row] = result["rows"]
-    assert row["method"] == "gem" and row["workers"] == 2 and row["updates"] == 80
-    assert row["via"] == 1 and "via 1: mpirun" in res.stdout
-    assert row["ratio"] > 0 and row["shared_ceiling"] > 0 and row["ratio_shared"] > 0
-    w, m = row["worker_split"], row["master_split"]
-    assert w["compute"] > 0 and m["apply"] > 0
-    assert all(v >= 0 for k, v in w.items() if k != "other")
-    assert abs(w["other"]) < 0.25 and abs(m["other"]) < 0.25  # the timers cover the wall
+    rows = result["rows"]
+    assert [r["mode"] for r in rows] == ["wait", "pipelined"]  # a row per worker mode
+    for row in rows:
+        assert row["method"] == "gem" and row["workers"] == 2 and row["updates"] == 80
+        assert row["via"] == 1 and "via 1: mpirun" in res.stdout
+        assert row["ratio"] > 0 and row["shared_ceiling"] > 0 and row["ratio_shared"] > 0
+        w, m = row["worker_split"], row["master_split"]
+        assert w["compute"] > 0 and m["apply"] > 0
+        assert all(v >= 0 for k, v in w.items() if k != "other")
+        assert abs(w["other"]) < 0.25 and abs(m["other"]) < 0.25  # the timers cover the wall
     assert "ceiling:" in res.stdout and "w:compute" in res.stdout and "vs shared" in res.stdout

@@ -17,6 +17,7 @@ no master), and each row shows its ratio to that time-shared ceiling too.
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing as mp
 import os
 import tempfile
@@ -105,15 +106,17 @@ def bench_overhead(args: argparse.Namespace) -> dict:
         for n in args.workers:
             shared = (float(sum(ceiling(options, n, args.ceiling_steps)))
                       if n <= args.shared_max else None)
-            for method in args.methods:
+            for method, mode in itertools.product(args.methods, args.worker_modes):
                 for via, mpirun in enumerate(args.mpirun, 1):
                     run, job_s = run_training(
                         mpirun, n + 1,
                         ["--method", method, "--model", args.model, "--dataset", args.dataset,
                          "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
-                         "--eval-every", "0", "--threads", "1", "--log-every", "60"],
-                        os.path.join(out_dir, f"{method}_{n}_{via}.h5"), "overhead")
-                    rows.append({"via": via, **_row(run, method, n, job_s, total, shared)})
+                         "--eval-every", "0", "--threads", "1", "--log-every", "60",
+                         "--worker-mode", mode],
+                        os.path.join(out_dir, f"{method}_{mode}_{n}_{via}.h5"), "overhead")
+                    rows.append({"via": via, "mode": mode,
+                                 **_row(run, method, n, job_s, total, shared)})
     return {"bench": "overhead", "machine": _machine(), "model": args.model,
             "dataset": args.dataset, "batch_size": args.batch_size, "cores": cores,
             "ceiling_steps_per_s": total, "ceiling_each": rates, "steps": args.steps,
@@ -133,14 +136,14 @@ def print_overhead(result: dict) -> None:
           "time (workers: mean over workers), 'other' is what no timer covers")
     for via, launcher in enumerate(result["launchers"], 1):
         print(f"via {via}: {launcher}")
-    cols = ["method", "workers", "via", "upd/s", "ratio", "shared", "vs shared",
+    cols = ["method", "mode", "workers", "via", "upd/s", "ratio", "shared", "vs shared",
             *(f"w:{k}" for k in WORKER_SPLIT),
             "w:other", "m:idle", *(f"m:{k}" for k in MASTER_SPLIT[1:]), "m:other"]
     print(" ".join(f"{c:>9}" for c in cols))
     for r in result["rows"]:
         w, m = r["worker_split"], r["master_split"]
         shared = r["shared_ceiling"]
-        vals = [r["method"], r["workers"], r["via"], f"{r['updates_per_s']:.1f}",
+        vals = [r["method"], r["mode"], r["workers"], r["via"], f"{r['updates_per_s']:.1f}",
                 f"{r['ratio']:.2f}",
                 f"{shared:.1f}" if shared else "–",
                 f"{r['ratio_shared']:.2f}" if shared else "–",

@@ -199,8 +199,10 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
         if cfg.monitor.verbose and (seq + 1) % 100 == 0:
             print(f"gem_mpi: worker {rank}: step {seq + 1}/{steps_fn.steps} loss {loss:.4f} "
                   f"waited {split['wait']:.1f} s", file=sys.stderr, flush=True)
-    if pipelined and not stopped and not ep.wait_slot_free():  # the last update's turn
-        stopped = True
+    if pipelined and not stopped:  # the last update's turn
+        t_wait = clock()
+        stopped = not ep.wait_slot_free()
+        split["wait"] += clock() - t_wait
     if not stopped:
         # the compute split without the copy of θ into the model; waiting without the sleeps
         split["load"] = steps_fn.load_s
