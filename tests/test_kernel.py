@@ -257,7 +257,7 @@ def test_keep_receives_theta_before_the_update(core, into, threads):
 
 
 def test_the_two_shift_readings_differ_as_the_paper_says(core):
-    """One worker, the same Δθ = −0.1 twice, μ 0.9, κ 1: Algorithm 1's shift counts the
+    """One worker, the same Δθ = −0.1 twice, μ 0.9, κ 1: the prototype's shift counts the
     worker's own previous update (π = 0.9 at the second step), the other reading does not
     (π = 1.9), through the Kernel the master uses."""
     f = np.float32

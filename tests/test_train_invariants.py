@@ -65,7 +65,7 @@ def test_final_theta_is_theta0_plus_the_applied_updates(tmp_path, method, mode):
 def test_master_side_gem_equals_the_single_process_replay(tmp_path, kappa, shift):
     """The worker-side rule (m, κ|m|) and the master-side π, replayed in one process with
     plain float32 numpy in the master's event order, in either reading of the shift
-    (others: |θ − s| counts the other workers' updates; paper: Algorithm 1's s, θ just
+    (others: |θ − s| counts the other workers' updates; paper: the prototype's s, θ just
     before the worker's previous update, which the master keeps in the worker's slot)."""
     run, theta_final = _run(tmp_path, "gem", "--kappa", str(kappa), "--gem-shift", shift)
     u = _check_log(run)

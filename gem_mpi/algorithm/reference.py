@@ -8,9 +8,9 @@ master's kernel and of the workers' code, so that tests can hold a run to it bit
 
 The GEM replay keeps each worker's m across the whole log and takes the shift |θ − s|
 against θ just before the master applies the update, in either reading of s: ``others``,
-the θ the worker pulled (after its own previous update had been applied, so the shift counts
-the other workers' updates), or ``paper``, θ just before the worker's previous update was
-applied (Algorithm 1 as printed; for a worker's first update, the θ it pulled).
+the θ the worker pulled (the θ its update was computed at, whichever ``--worker-mode`` chose
+it: the pull is in the log), or ``paper``, θ just before the worker's previous update was
+applied (the authors' prototype; for a worker's first update, the θ it pulled).
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ sends three numbers per element; the master computes π and applies it:
     master:  π = clamp((a − |θ − s|) / (|Δθ| + ε), 0, π_max),   θ ← θ + π·Δθ
 
 Two readings of the shift are offered (``--gem-shift``). ``others`` (the default): s is the θ
-the worker pulled after its own previous update was applied, so |θ − s| counts the other
-workers' updates (the paper's equations 20–22; with one worker it is momentum SGD).
-``paper``: s is θ just before the worker's previous update was applied, as Algorithm 1
-prints it (s ← θ, the θ pulled just before the commit), so |θ − s| also holds the worker's
-own previous scaled update. Master-side GEM implements it by having the kernel write θ
+the update was computed at; with ``--worker-mode wait`` that θ holds the worker's own previous
+update, so |θ − s| counts the other workers' updates (the paper's equations 20–22; with one
+worker it is momentum SGD), and with ``pipelined`` it is Algorithm 1's s. ``paper``: s is θ
+just before the worker's previous update was applied, as the authors' prototype takes it, so
+|θ − s| also holds the worker's own previous scaled update. Master-side GEM implements it by having the kernel write θ
 before each update into the s part of the worker's mailbox slot, in the same pass; the
 worker sends s only with its first update. It costs the master 4 more bytes per element
 (36 instead of 32) and saves the worker 4 bytes per element on the wire.
@@ -112,7 +112,7 @@ class WorkerRule:
         """(Δθ, κ|m|, s) for GEM, after folding Δθ into m; (Δθ,) otherwise. ``delta`` and
         ``s`` are host arrays; m lives beside ``delta_on_device`` (default: ``delta``).
 
-        With the paper's shift only the first update carries s (Algorithm 1's initial pull);
+        With the paper's shift only the first update carries s (the initial pull);
         the master then keeps, in this worker's slot, θ just before each of its updates."""
         if self.momentum is None:
             return (delta,)
