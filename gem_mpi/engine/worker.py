@@ -61,38 +61,64 @@ class _TorchSteps:
         self.loss = problem.loss.mean
         self.model.train()
         self.params = list(self.model.parameters())
+        self._first_seq = start_seq
         n = problem.n_params
         on_gpu = self.device.type == "cuda"
         # host staging buffers (pinned on GPU, so copies are DMA and can overlap)
         self._delta_host = torch.empty(n, dtype=torch.float32, pin_memory=on_gpu)
         self._a_host = torch.empty(n, dtype=torch.float32, pin_memory=on_gpu)
-        self._flat = torch.empty(n, dtype=torch.float32, device=self.device)
-        self._views = unflatten(self._flat, self.params)
+        # the parameters are views of one flat θ: on a GPU of one device buffer (θ arrives in
+        # one copy), on the CPU of the pulled θ itself (no copy at all, bound at the first
+        # step); the gradients are views of one flat buffer, so Δθ needs no concatenation
+        self._flat = torch.empty(n, dtype=torch.float32, device=self.device) if on_gpu else None
+        self._bound: int | None = None  # the host θ the CPU parameters view
+        if on_gpu:
+            self._bind(self._flat)
+        self._grad = torch.zeros(n, dtype=torch.float32, device=self.device)
+        for p, view in zip(self.params, unflatten(self._grad, self.params)):
+            p.grad = view
         self.delta = torch.empty(n, dtype=torch.float32, device=self.device)  # Δθ on the device
         self.steps, self.batches = data_stream(cfg.data, rank, n_workers, start_seq)
         self.lr = cfg.optim.lr
         self.load_s = 0.0  # copying θ into the model's parameters
 
+    def _bind(self, flat: object) -> None:
+        """Make every parameter a view of ``flat`` (θ's layout, this worker's device)."""
+        with self.torch.no_grad():
+            for p, view in zip(self.params, unflatten(flat, self.params)):
+                p.data = view
+
     def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
         torch = self.torch
         t = time.perf_counter()
-        self._flat.copy_(torch.from_numpy(theta), non_blocking=True)
-        with torch.no_grad():
-            for p, view in zip(self.params, self._views):
-                p.copy_(view)
+        if self._flat is not None:
+            self._flat.copy_(torch.from_numpy(theta), non_blocking=True)
+        elif self._bound != theta.ctypes.data:  # the worker's pull buffer, the same each step
+            self._bind(torch.from_numpy(theta))
+            self._bound = theta.ctypes.data
         self.load_s += time.perf_counter() - t
         seed_dropout(self.seed, self.rank, seq)  # randomness a function of (seed, worker, step)
         x, y = next(self.batches)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        for p in self.params:
-            p.grad = None
+        self._grad.zero_()
         loss = self.loss(self.model(x), y)
-        loss.backward()
-        torch.cat([p.grad.reshape(-1) for p in self.params], out=self.delta)
-        self.delta.mul_(-self.lr)  # Δθ, on the device
+        loss.backward()  # accumulates into the views of self._grad
+        if seq == self._first_seq:
+            self._check_grads()
+        torch.mul(self._grad, -self.lr, out=self.delta)  # Δθ, on the device
         self._delta_host.copy_(self.delta, non_blocking=True)
         value = float(loss.detach())  # synchronises the device, so the host copy is done
         return self._delta_host.numpy(), value
+
+    def _check_grads(self) -> None:
+        """Autograd accumulates into an existing .grad in place; a model whose backward
+        replaces it (or leaves a parameter without one) would send a stale Δθ: refuse."""
+        lo = self._grad.data_ptr()
+        hi = lo + self._grad.numel() * self._grad.element_size()
+        for p in self.params:
+            if p.grad is None or not lo <= p.grad.data_ptr() < hi:
+                raise RuntimeError("a parameter's gradient left the worker's flat gradient "
+                                   "buffer after backward (its .grad was replaced)")
 
     def host(self, a: object) -> np.ndarray:
         """A device array on the host (κ|m| before it is sent)."""
