@@ -17,7 +17,7 @@ RECORDED = {
     "metrics", "save", "synthetic_size", "quadratic_dim", "threads", "poll_max_ms",
     "log_every", "verbose", "no_extension", "straggler", "stop_on_divergence",
     "divergence_factor", "checkpoint_dir", "checkpoint_every", "resume", "min_free_mb",
-    "worker_timeout", "gem_shift", "exit_timeout", "loss",
+    "worker_timeout", "gem_shift", "exit_timeout", "loss", "worker_mode",
 }
 
 
@@ -58,3 +58,14 @@ def test_eps_and_pi_max_are_checked_in_the_kernels_float32():
     cfg, _ = config.parse(["--eps", "1e-50"])
     with pytest.raises(UsageError, match="finite in float32"):
         config.validate(cfg, 5)
+
+
+def test_worker_modes_are_named_and_only_for_the_asynchronous_methods():
+    cfg, _ = config.parse(["--worker-mode", "eager"])
+    with pytest.raises(UsageError, match="^--worker-mode must be one of wait, pipelined"):
+        config.validate(cfg, 5, data=False)
+    cfg, _ = config.parse(["--method", "sync", "--worker-mode", "pipelined"])
+    with pytest.raises(UsageError, match="--worker-mode is for the asynchronous methods"):
+        config.validate(cfg, 5, data=False)
+    cfg, _ = config.parse(["--worker-mode", "pipelined"])
+    config.validate(cfg, 5, data=False)
