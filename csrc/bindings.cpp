@@ -160,7 +160,7 @@ bool fixed_step(const py::object& theta_o, const py::object& delta_o, float scal
 }
 
 void triad(const py::object& a_o, const py::object& b_o, const py::object& c_o, float q,
-           int threads) {
+           int threads, bool spawn) {
   F32 a = as_vector("triad", "a", a_o, true);
   F32 b = as_vector("triad", "b", b_o, false);
   F32 c = as_vector("triad", "c", c_o, false);
@@ -169,7 +169,15 @@ void triad(const py::object& a_o, const py::object& b_o, const py::object& c_o, 
   float* ap = a.mutable_data();
   py::gil_scoped_release nogil;
   gem_mpi::triad(ap, b.data(), c.data(), q, static_cast<std::size_t>(a.size()),
-                 std::max(1, threads));
+                 std::max(1, threads), spawn);
+}
+
+void fill(const py::object& dst_o, float value, int threads) {
+  F32 dst = as_vector("fill", "dst", dst_o, true);
+  if (threads < 1) throw py::value_error("fill: threads must be >= 1");
+  float* dp = dst.mutable_data();
+  py::gil_scoped_release nogil;
+  gem_mpi::fill(dp, value, static_cast<std::size_t>(dst.size()), threads);
 }
 
 void copy(const py::object& dst_o, const py::object& src_o, int threads) {
@@ -228,7 +236,14 @@ theta += float32(scale) * delta in place (DOWNPOUR, adaptive staleness), bit-ide
 numpy; returns False, writing nothing, when delta holds a NaN or Inf.)doc");
 
   m.def("triad", &triad, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("q"),
-        py::arg("threads") = 1, "triad(a, b, c, q, threads=1): a = b + q * c (benchmark)");
+        py::arg("threads") = 1, py::arg("spawn") = false,
+        "triad(a, b, c, q, threads=1, spawn=False): a = b + q * c (benchmark); spawn: on "
+        "threads spawned for this call, not the pool's");
+  m.def("fill", &fill, py::arg("dst"), py::arg("value"), py::arg("threads") = 1,
+        "fill(dst, value, threads=1): dst[:] = value, each thread its own range of the "
+        "kernels' split (first touch of memory the kernels will stream)");
+  m.def("pool_threads", &gem_mpi::pool_threads,
+        "pool_threads() -> int: the kernels' persistent threads started so far");
   m.def("copy", &copy, py::arg("dst"), py::arg("src"), py::arg("threads") = 1,
         "copy(dst, src, threads=1): memcpy (benchmark)");
 

@@ -1,6 +1,7 @@
 // gem_kernel.cpp - see gem_kernel.hpp. Keep this file free of pybind11 and of any
 // floating-point shortcut: bit-identity of theta with the numpy reference is tested.
 #include "gem_kernel.hpp"
+#include "thread_pool.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -48,24 +49,35 @@ inline float clip_like_numpy(float x, float lo, float hi) noexcept {
   return (y > hi) ? hi : y;
 }
 
-// Runs fn(begin, end, worker) on `threads` contiguous ranges of [0, n), cut at multiples of
-// 64 elements (whole cache lines); the calling thread takes the first range.
+// How the work of [0, n) is dealt out over threads.
+enum class Dispatch { kPool, kSpawn };
+
+// Runs fn(begin, end, part) on `threads` contiguous ranges of [0, n), cut at multiples of
+// 64 elements (whole cache lines); the calling thread takes the first range, pool thread w
+// range w (kSpawn: a thread spawned for this call, the benchmark's comparison only).
 template <class Fn>
-void parallel_ranges(std::size_t n, int threads, Fn&& fn) {
+void parallel_ranges(std::size_t n, int threads, Fn&& fn, Dispatch how = Dispatch::kPool) {
   const std::size_t t = static_cast<std::size_t>(std::max(1, threads));
   if (t == 1 || n < 64 * t) {
     fn(std::size_t{0}, n, 0);
     return;
   }
   const std::size_t chunk = ((n + t - 1) / t + 63) / 64 * 64;
-  std::vector<std::thread> pool;
-  pool.reserve(t - 1);
-  for (std::size_t w = 1; w < t; ++w) {
-    const std::size_t b = std::min(n, w * chunk), e = std::min(n, (w + 1) * chunk);
-    pool.emplace_back([&fn, b, e, w] { fn(b, e, static_cast<int>(w)); });
+  auto part = [&fn, n, chunk](int w) {
+    const std::size_t b = std::min(n, static_cast<std::size_t>(w) * chunk);
+    fn(b, std::min(n, b + chunk), w);
+  };
+  if (how == Dispatch::kSpawn) {
+    std::vector<std::thread> spawned;
+    spawned.reserve(t - 1);
+    for (std::size_t w = 1; w < t; ++w) spawned.emplace_back(part, static_cast<int>(w));
+    part(0);
+    for (auto& th : spawned) th.join();
+    return;
   }
-  fn(std::size_t{0}, std::min(n, chunk), 0);
-  for (auto& th : pool) th.join();
+  using Part = decltype(part);
+  ThreadPool::instance().run(
+      static_cast<int>(t), [](void* ctx, int w) { (*static_cast<Part*>(ctx))(w); }, &part);
 }
 
 bool finite_range(const float* x, std::size_t b, std::size_t e) noexcept {
@@ -244,10 +256,11 @@ GEM_MPI_CLONES void triad_range(float* a, const float* b, const float* c, float 
 }
 }  // namespace
 
-void triad(float* a, const float* b, const float* c, float q, std::size_t n, int threads) {
-  parallel_ranges(n, threads, [&](std::size_t lo, std::size_t hi, int) {
-    triad_range(a, b, c, q, lo, hi);
-  });
+void triad(float* a, const float* b, const float* c, float q, std::size_t n, int threads,
+           bool spawn) {
+  parallel_ranges(
+      n, threads, [&](std::size_t lo, std::size_t hi, int) { triad_range(a, b, c, q, lo, hi); },
+      spawn ? Dispatch::kSpawn : Dispatch::kPool);
 }
 
 void copy(float* dst, const float* src, std::size_t n, int threads) {
@@ -255,6 +268,14 @@ void copy(float* dst, const float* src, std::size_t n, int threads) {
     std::memcpy(dst + lo, src + lo, (hi - lo) * sizeof(float));
   });
 }
+
+void fill(float* dst, float value, std::size_t n, int threads) {
+  parallel_ranges(n, threads, [&](std::size_t lo, std::size_t hi, int) {
+    std::fill(dst + lo, dst + hi, value);
+  });
+}
+
+int pool_threads() { return ThreadPool::instance().size(); }
 
 const char* compile_flags() noexcept { return GEM_MPI_CXX_FLAGS; }
 

@@ -48,10 +48,24 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
 // unless delta holds a non-finite value: then nothing is written and false is returned.
 bool fixed_step(float* theta, const float* delta, std::size_t n, float scale, int threads);
 
+// Every kernel with threads > 1 cuts [0, n) into `threads` contiguous ranges of a multiple
+// of 64 elements each (fewer when n < 64 threads: then one); the caller runs range 0 and
+// the process's persistent pool thread w range w (thread_pool.hpp).
+
+// dst[i] = value, range w written by pool thread w: called on fresh memory with the
+// threads and length of the kernel that will stream it, it places each page where its
+// thread runs (first touch).
+void fill(float* dst, float value, std::size_t n, int threads);
+
 // Bandwidth references for the benchmark, on the same threads: a[i] = b[i] + q * c[i]
-// (STREAM triad) and dst = src (memcpy).
-void triad(float* a, const float* b, const float* c, float q, std::size_t n, int threads);
+// (STREAM triad) and dst = src (memcpy). spawn: on threads spawned for this call instead
+// of the pool's (the benchmark's measure of what the pool saves; nothing else spawns).
+void triad(float* a, const float* b, const float* c, float q, std::size_t n, int threads,
+           bool spawn = false);
 void copy(float* dst, const float* src, std::size_t n, int threads);
+
+// Threads the persistent pool has started so far (the callers' own not counted).
+int pool_threads();
 
 // Flags the library was compiled with, and whether -march=native was among them.
 const char* compile_flags() noexcept;

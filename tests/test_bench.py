@@ -4,6 +4,7 @@ machines are shared and noisy; the figures are for people, the structure is for 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -12,17 +13,31 @@ from conftest import REPO, mpi_env, mpirun
 
 
 def test_bench_kernel_reports_ratios_to_numpy_and_triad(tmp_path):
+    from gem_mpi.bench import kernel as bench
+
     out = tmp_path / "k.json"
     res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "kernel", "--sizes", "1000",
                           "20000", "--no-torch", "--json", str(out)], capture_output=True,
                          text=True, timeout=300, check=False, env=mpi_env(), cwd=REPO)
     assert res.returncode == 0, res.stderr
-    rows = json.loads(out.read_text())["rows"]
-    assert [r["elements"] for r in rows] == [1000, 20000]
-    assert "fused/triad" in res.stdout and "×numpy" in res.stdout
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    threads = result["threads"]
+    assert threads == list(range(1, len(os.sched_getaffinity(0)) + 1))  # 1 to the cores
+    assert [(r["elements"], r["threads"]) for r in rows] == [
+        (n, t) for n in (1000, 20000) for t in threads]
+    assert all(r["fused_vs_triad"] > 0 and r["speedup_vs_1_thread"] > 0 for r in rows)
+    assert "fused/triad" in res.stdout and "×numpy" in res.stdout and "×1 thread" in res.stdout
+    # the pool against spawned threads, side by side, for every thread count above 1
+    assert [(r["elements"], r["threads"]) for r in result["dispatch"]] == [
+        (n, t) for n in bench.DISPATCH_SIZES for t in threads if t > 1]
+    assert all(r["pool_s"] > 0 and r["spawn_s"] > 0 for r in result["dispatch"])
+    if len(threads) > 1:
+        assert "the persistent pool against threads spawned per call" in res.stdout
     # every variant timed was first checked against the numpy reference, and the header says so
     [line] = [ln for ln in res.stdout.splitlines() if ln.startswith("validated before timing")]
     assert "gem_step_numpy" in line and "fused C++ (θ bit-identical" in line
+    assert "at every thread count" in line
     assert "memcpy" in line and "triad" in line and "torch" not in line  # --no-torch
     assert "FAILED" not in line and "invalid" not in res.stdout
     assert "timings are cache-warm" in res.stdout
@@ -45,19 +60,20 @@ def test_bench_kernel_refuses_to_time_a_torch_step_that_differs_from_the_referen
 
         return wrong
 
-    result = bench.bench_kernel([2000], 1, with_torch=True)  # the real one first: within
+    result = bench.bench_kernel([2000], [1], with_torch=True)  # the real one first: within
     assert result["failed"] == [] and result["rows"][0]["torch_max_abs_diff"] <= 1e-6
     assert "speedup_vs_torch" in result["rows"][0]
     monkeypatch.setattr(bench, "_torch_gem", off_by_a_little)
-    result = bench.bench_kernel([2000], 1, with_torch=True)
+    result = bench.bench_kernel([2000], [1], with_torch=True)
     [row] = result["rows"]
     assert result["failed"] == ["torch"] and "torch_s" not in row
     assert row["torch_max_abs_diff"] > 1e-6
     bench.print_kernel(result)
     out = capsys.readouterr().out
     assert "FAILED, not timed: torch" in out
-    assert out.splitlines()[4].split()[6] == "invalid"  # the ×torch column of the one row
-    assert "torch at 2000 elements: invalid, not timed: θ differs from the reference" in out
+    assert out.splitlines()[4].split()[8] == "invalid"  # the ×torch column of the one row
+    assert ("torch at 2000 elements on 1 thread(s): invalid, not timed: θ differs from the "
+            "reference") in out
 
 
 def test_bench_master_splits_the_masters_time(tmp_path):

@@ -8,6 +8,7 @@ fail, they are never skipped.
 from __future__ import annotations
 
 import importlib
+import json
 
 import numpy as np
 import pytest
@@ -273,3 +274,97 @@ def test_the_two_shift_readings_differ_as_the_paper_says(core):
     np.testing.assert_allclose(others, [-0.29], rtol=1e-6)
     np.testing.assert_allclose(paper, [-0.19], rtol=1e-6)
     assert slot_s[0] == theta[0]  # ready for the third update
+
+
+@pytest.mark.parametrize("n", [1, 63, 64 * 3 - 1, 4_097, 100_003, 1_000_001])
+def test_every_thread_count_is_bit_identical_to_numpy(core, n):
+    """Threads 1, 2 and 3 on odd sizes (below, at and above the 64-element cut, one range
+    shorter than the others): θ bit for bit the reference's, the histogram and the clamp
+    counts exact, through the persistent pool (and again, the pool reused)."""
+    theta, delta, a, s = _inputs(n, seed=n + 11)
+    for threads in (1, 2, 3, 3, 2):
+        c, ref = _both(core, theta, delta, a, s, _offsets(n), threads=threads)
+        assert c[0] is True
+        _assert_same(c, ref)
+        got, want = theta.copy(), theta.copy()
+        assert core.fixed_step(got, delta, 1.0 / 3.0, threads) is True
+        assert gem.fixed_step_numpy(want, delta, 1.0 / 3.0) is True
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_the_pool_is_started_once_and_reused(core):
+    core.fill(np.ones(1_000, np.float32), 0.0, 3)  # 1 000 >= 64 x 3: three ranges
+    before = core.pool_threads()
+    assert before >= 2
+    x = np.ones(100_003, np.float32)
+    for _ in range(20):
+        core.fill(x, 0.0, 3)
+        core.triad(x, x, x, 1.0, 2)
+    assert core.pool_threads() == before  # no thread started per call
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_fill_and_the_spawned_triad(core, threads):
+    for n in (0, 1, 191, 100_003):
+        x = np.full(n, np.nan, np.float32)
+        core.fill(x, 2.5, threads)
+        assert np.all(x == np.float32(2.5))
+        b, c = np.arange(n, dtype=np.float32), np.ones(n, np.float32)
+        pool, spawn = np.zeros(n, np.float32), np.zeros(n, np.float32)
+        core.triad(pool, b, c, 3.0, threads)
+        core.triad(spawn, b, c, 3.0, threads, True)
+        assert np.array_equal(pool, spawn) and np.array_equal(pool, b + np.float32(3.0) * c)
+    with pytest.raises(ValueError):
+        core.fill(np.zeros(3, np.float64), 0.0, 1)
+
+
+def test_kernel_zero_uses_the_kernels_threads(core):
+    k = gem.Kernel(np.array([0, 1_000], np.int64), threads=2)
+    x = np.full(1_000, np.nan, np.float32)
+    k.zero(x)
+    assert not x.any() and core.pool_threads() >= 1
+    k_np = gem.Kernel(np.array([0, 10], np.int64), prefer_extension=False)
+    y = np.ones(10, np.float32)
+    k_np.zero(y)
+    assert not y.any()
+
+
+FIRST_TOUCH = r"""
+import json, sys
+import numpy as np
+from gem_mpi.algorithm.kernel import Kernel
+from gem_mpi.transport import start_mpi
+from gem_mpi.transport.idioms import HEADER_BYTES, Mailbox, VersionedArray
+
+comm = start_mpi()
+n, slots = 1_003, 2
+kernel = Kernel(np.array([0, n], np.int64), threads=3)
+calls = []
+
+def zero(x):
+    calls.append((x.__array_interface__["data"][0], x.size))
+    kernel.zero(x)
+
+box = Mailbox(comm, slots, 3 * n + 5, zero=zero, stream=n)
+theta = VersionedArray(comm, n, zero=zero)
+want = [(box.payloads[i, k * n:].__array_interface__["data"][0], n)
+        for i in range(slots) for k in range(3)]
+want.append((theta.data.__array_interface__["data"][0], n))
+ok = (calls == want and not box._slots.memory.any() and not box._flags.memory.any()
+      and not theta.memory.any())
+box.free(); theta.free()
+json.dump({"ok": bool(ok), "calls": len(calls)}, open(sys.argv[1], "w"))
+"""
+
+
+def test_the_master_windows_are_first_touched_by_the_kernel(tmp_path):
+    """Rank 0's θ window and every stream of every mailbox slot (Δθ, κ|m|, s) are zeroed
+    by the kernel's zero, each as one θ-long array (the split the kernel streams it with);
+    the headers and the rest are zeroed too."""
+    from conftest import mpirun
+
+    prog, out = tmp_path / "touch.py", tmp_path / "touch.json"
+    prog.write_text(FIRST_TOUCH)
+    res = mpirun(1, [str(prog), str(out)], timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert json.loads(out.read_text()) == {"ok": True, "calls": 7}

@@ -132,9 +132,20 @@ class GemStats:
     energy_proxy: float  # ½‖κ m‖²: the (amplified) proxy energy GEM matches
 
 
-def kernel_threads() -> int:
-    """GEM_NUM_THREADS, default 1: the master must not take cores from workers beside it."""
-    value = os.environ.get("GEM_NUM_THREADS", "1")
+def node_cores_left(local_ranks: int) -> int:
+    """The cores this rank may run on (its affinity) less one per other rank on its node, at
+    least 1: the master's share, for its kernel and its evaluation alike."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    return max(1, cores - (local_ranks - 1))
+
+
+def kernel_threads(local_ranks: int = 1) -> int:
+    """GEM_NUM_THREADS, else the cores of the node the other ``local_ranks - 1`` ranks on it
+    leave (:func:`node_cores_left`): a master beside its workers takes no core from them."""
+    value = os.environ.get("GEM_NUM_THREADS")
+    if value is None:
+        return node_cores_left(local_ranks)
     try:
         threads = int(value)
     except ValueError:
@@ -213,6 +224,15 @@ class Kernel:
             energy_central=0.5 * float(self._sums[:, 0].sum()),
             energy_proxy=0.5 * float(self._sums[:, 1].sum()),
         )
+
+    def zero(self, x: np.ndarray) -> None:
+        """x[:] = 0 (1-D float32, fresh memory the kernel will stream as one of its θ-long
+        arrays), each of the kernel's threads zeroing the range it streams: this first touch
+        places every page on the NUMA node of the thread that will read or write it."""
+        if self.extension is not None:
+            self.extension.fill(x, 0.0, self.threads)
+        else:
+            x.fill(0)
 
     def fixed_step(self, theta: np.ndarray, delta: np.ndarray, scale: float) -> bool:
         """One DOWNPOUR/adaptive step; False when the update was rejected (θ untouched)."""

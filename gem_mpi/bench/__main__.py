@@ -9,7 +9,7 @@ import sys
 import gem_mpi.bench as package
 from gem_mpi.algorithm import kernel as gem
 from gem_mpi.bench.compare import COMPARE_METHODS, bench_compare, print_compare
-from gem_mpi.bench.kernel import bench_kernel, print_kernel
+from gem_mpi.bench.kernel import bench_kernel, default_threads, print_kernel
 from gem_mpi.bench.master import bench_master, print_master
 from gem_mpi.bench.overhead import bench_overhead, print_overhead
 from gem_mpi.bench.transport import bench_transport, print_transport
@@ -23,7 +23,11 @@ def main(argv: list[str] | None = None) -> int:
                        "validated against the numpy reference first")
     k.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
     k.add_argument("--no-torch", action="store_true", help="skip the torch eager column")
-    m = sub.add_parser("master", help="master updates/s under mpirun")
+    k.add_argument("--threads", type=int, nargs="+", default=None,
+                   help="thread counts, each a row per size (default 1 to the cores; "
+                   "GEM_NUM_THREADS is not read here)")
+    m = sub.add_parser("master", help="master updates/s under mpirun (kernel threads: "
+                       "GEM_NUM_THREADS, else the master's default)")
     m.add_argument("--sizes", type=int, nargs="+", default=[163_790, 1_637_900],
                    help="parameters (default: the paper's net and 10x)")
     m.add_argument("--updates", type=int, default=2000, help="updates per size")
@@ -68,15 +72,18 @@ def main(argv: list[str] | None = None) -> int:
     for p in (k, m, t, c, o):
         p.add_argument("--json", help="write the results to this file too")
     args = parser.parse_args(argv)
-    threads = gem.kernel_threads()
+    gem.kernel_threads()  # a bad GEM_NUM_THREADS is refused before anything runs
     if args.what == "compare":
         result, show = bench_compare(args), print_compare
     elif args.what == "overhead":
         result, show = bench_overhead(args), print_overhead
     elif args.what == "kernel":
+        threads = args.threads or default_threads()
+        if min(threads) < 1:
+            parser.error("--threads: every count must be at least 1")
         result, show = bench_kernel(args.sizes, threads, not args.no_torch), print_kernel
     elif args.what == "master":
-        result, show = bench_master(args.sizes, args.updates, threads, args.poll_max_ms), print_master
+        result, show = bench_master(args.sizes, args.updates, args.poll_max_ms), print_master
     else:
         result, show = bench_transport(args.sizes), print_transport
     if result is None:  # not rank 0

@@ -3,6 +3,8 @@ validated against the reference before it is timed."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from gem_mpi.algorithm import kernel as gem
@@ -134,65 +136,110 @@ def _check_bounds(core, n: int, threads: int) -> dict[str, str]:
     return why
 
 
-def _kernel_row(n: int, threads: int, with_torch: bool) -> dict:
-    """Validate every variant on the same inputs as the numpy reference, then time the
-    valid ones, cache-warm: the median of repeated calls on the same buffers."""
+def _kernel_rows(n: int, threads: list[int], with_torch: bool) -> list[dict]:
+    """One row per thread count: validate every variant on the same inputs as the numpy
+    reference, then time the valid ones, cache-warm: the median of repeated calls on the
+    same buffers. numpy is timed once (it runs on one thread)."""
     core, why_not = gem.load_extension()
     if core is None:
         raise SystemExit(f"gem_mpi.bench kernel: the C++ extension gem_mpi._core is "
                          f"{why_not}")
     eps, pi_max, n_tensors = 1e-16, 5.0, 8
     offsets = np.linspace(0, n, n_tensors + 1).astype(np.int64)
-    theta, delta, a, s = _inputs(n)
-    ref = _reference(theta, delta, a, s, offsets, eps, pi_max)
-    bad = _check_fused(core, ref, theta, delta, a, s, offsets, eps, pi_max, threads)
-    if bad:  # every column is a ratio to it: nothing is worth timing
-        raise SystemExit(f"gem_mpi.bench kernel: the C++ kernel fails validation against "
-                         f"the numpy reference at {n} elements ({bad}); nothing timed")
+    theta0, delta, a, s = _inputs(n)
+    theta = theta0.copy()  # the timed calls step it; every check starts from θ₀
+    ref = _reference(theta0, delta, a, s, offsets, eps, pi_max)
+    for t in threads:
+        bad = _check_fused(core, ref, theta0, delta, a, s, offsets, eps, pi_max, t)
+        if bad:  # every column is a ratio to it: nothing is worth timing
+            raise SystemExit(f"gem_mpi.bench kernel: the C++ kernel fails validation against "
+                             f"the numpy reference at {n} elements on {t} thread(s) ({bad}); "
+                             "nothing timed")
     bytes_touched = GEM_BYTES_PER_ELEMENT * n
-    row: dict = {"elements": n, "bytes_touched": bytes_touched,
-                 "invalid": _check_bounds(core, bytes_touched // 8, threads)}
-    step = None
-    if with_torch:
-        import torch
-
-        torch.set_num_threads(threads)
-        step = _torch_gem(n_tensors, offsets, eps, pi_max)
-        row["torch_max_abs_diff"], row["invalid"]["torch"] = _check_torch(
-            step, ref, theta, delta, a, s, pi_max)
-    row["invalid"] = {k: v for k, v in row["invalid"].items() if v}
     hist, sums, counts = (np.zeros_like(x) for x in ref[1:])
-    row["fused_s"] = _time(lambda: core.gem_step(theta, delta, a, s, offsets, eps, pi_max,
-                                                 hist, sums, counts, threads))
-    row["numpy_s"] = _time(lambda: gem.gem_step_numpy(theta, delta, a, s, offsets, eps,
-                                                      pi_max, hist, sums, counts))
-    if step is not None and "torch" not in row["invalid"]:
-        import torch
+    numpy_s = _time(lambda: gem.gem_step_numpy(theta, delta, a, s, offsets, eps, pi_max, hist,
+                                               sums, counts))
+    rows = []
+    for t in threads:
+        row: dict = {"elements": n, "threads": t, "bytes_touched": bytes_touched,
+                     "invalid": _check_bounds(core, bytes_touched // 8, t)}
+        step = None
+        if with_torch:
+            import torch
 
-        tt, td, ta, ts = (torch.from_numpy(x) for x in (theta, delta, a, s))
-        row["torch_s"] = _time(lambda: step(tt, td, ta, ts))
-    # memcpy and triad moving the same number of bytes as the fused step
-    if "memcpy" not in row["invalid"]:
-        src = np.ones(bytes_touched // 8, np.float32)  # read + write = bytes_touched
-        dst = np.empty_like(src)
-        row["memcpy_s"] = _time(lambda: core.copy(dst, src, threads))
-    if "triad" not in row["invalid"]:
-        row["triad_s"] = _triad_seconds(bytes_touched, threads)
-    for key in ("fused", "memcpy", "triad", "numpy", "torch"):
-        if f"{key}_s" in row:
-            row[f"{key}_GBps"] = bytes_touched / row[f"{key}_s"] / 1e9
-    if "triad_s" in row:
-        row["fused_vs_triad"] = row["fused_GBps"] / row["triad_GBps"]
-    if "memcpy_s" in row:
-        row["fused_vs_memcpy"] = row["fused_GBps"] / row["memcpy_GBps"]
-    row["speedup_vs_numpy"] = row["numpy_s"] / row["fused_s"]
-    if "torch_s" in row:
-        row["speedup_vs_torch"] = row["torch_s"] / row["fused_s"]
-    return row
+            torch.set_num_threads(t)
+            step = _torch_gem(n_tensors, offsets, eps, pi_max)
+            row["torch_max_abs_diff"], row["invalid"]["torch"] = _check_torch(
+                step, ref, theta0, delta, a, s, pi_max)
+        row["invalid"] = {k: v for k, v in row["invalid"].items() if v}
+        row["fused_s"] = _time(partial(core.gem_step, theta, delta, a, s, offsets, eps, pi_max,
+                                       hist, sums, counts, t))
+        row["numpy_s"] = numpy_s
+        if step is not None and "torch" not in row["invalid"]:
+            import torch
+
+            tt, td, ta, ts = (torch.from_numpy(x) for x in (theta, delta, a, s))
+            row["torch_s"] = _time(partial(step, tt, td, ta, ts))
+        # memcpy and triad moving the same number of bytes as the fused step
+        if "memcpy" not in row["invalid"]:
+            src = np.ones(bytes_touched // 8, np.float32)  # read + write = bytes_touched
+            dst = np.empty_like(src)
+            row["memcpy_s"] = _time(partial(core.copy, dst, src, t))
+        if "triad" not in row["invalid"]:
+            row["triad_s"] = _triad_seconds(bytes_touched, t)
+        for key in ("fused", "memcpy", "triad", "numpy", "torch"):
+            if f"{key}_s" in row:
+                row[f"{key}_GBps"] = bytes_touched / row[f"{key}_s"] / 1e9
+        if "triad_s" in row:
+            row["fused_vs_triad"] = row["fused_GBps"] / row["triad_GBps"]
+        if "memcpy_s" in row:
+            row["fused_vs_memcpy"] = row["fused_GBps"] / row["memcpy_GBps"]
+        row["speedup_vs_numpy"] = row["numpy_s"] / row["fused_s"]
+        if "torch_s" in row:
+            row["speedup_vs_torch"] = row["torch_s"] / row["fused_s"]
+        if rows and rows[0]["threads"] == 1:
+            row["speedup_vs_1_thread"] = rows[0]["fused_s"] / row["fused_s"]
+        elif t == 1:
+            row["speedup_vs_1_thread"] = 1.0
+        rows.append(row)
+    return rows
 
 
-def bench_kernel(sizes: list[int], threads: int, with_torch: bool) -> dict:
-    rows = [_kernel_row(n, threads, with_torch) for n in sizes]
+# Sizes of the fork/join comparison: from a call that is all dispatch to one that streams.
+DISPATCH_SIZES = (1_024, 16_384, 262_144, 4_194_304)
+
+
+def _dispatch_rows(threads: list[int]) -> list[dict]:
+    """What a call on t threads costs through the persistent pool and with threads spawned
+    for it, side by side: a triad on n elements (3 float32 streams) on 1 thread, on t pool
+    threads and on t spawned threads. Below the size where t threads beat 1, threading does
+    not pay."""
+    from gem_mpi import _core
+
+    rows = []
+    for n in DISPATCH_SIZES:
+        a, b, c = (np.ones(n, np.float32) for _ in range(3))
+        one = _time(partial(_core.triad, a, b, c, 3.0, 1), min_seconds=0.1)
+        for t in (t for t in threads if t > 1):
+            pool = _time(partial(_core.triad, a, b, c, 3.0, t), min_seconds=0.1)
+            spawn = _time(partial(_core.triad, a, b, c, 3.0, t, True), min_seconds=0.1)
+            rows.append({"elements": n, "threads": t, "one_thread_s": one, "pool_s": pool,
+                         "spawn_s": spawn, "pool_speedup": one / pool,
+                         "spawn_speedup": one / spawn})
+    return rows
+
+
+def default_threads() -> list[int]:
+    """1 to the cores this process may run on."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    return list(range(1, cores + 1))
+
+
+def bench_kernel(sizes: list[int], threads: list[int], with_torch: bool) -> dict:
+    rows = [row for n in sizes for row in _kernel_rows(n, threads, with_torch)]
     checks = {"fused C++": "θ bit-identical, same π histogram and clamp counts"}
     if with_torch:
         worst = max(r["torch_max_abs_diff"] for r in rows)
@@ -203,19 +250,23 @@ def bench_kernel(sizes: list[int], threads: int, with_torch: bool) -> dict:
     failed = {k for r in rows for k in r["invalid"]}
     validated = [f"{k} ({v})" for k, v in checks.items() if k not in failed]
     return {"bench": "kernel", "threads": threads, "machine": _machine(), "rows": rows,
-            "validated": validated, "failed": sorted(failed), "timing": "cache-warm"}
+            "dispatch": _dispatch_rows(threads), "validated": validated,
+            "failed": sorted(failed), "timing": "cache-warm"}
 
 
 def print_kernel(result: dict) -> None:
-    print(f"gem_mpi.bench kernel: {result['machine']}; {result['threads']} thread(s); "
-          f"{GEM_BYTES_PER_ELEMENT} bytes touched per element")
+    threads = result["threads"]
+    print(f"gem_mpi.bench kernel: {result['machine']}; threads "
+          f"{', '.join(map(str, threads))}; {GEM_BYTES_PER_ELEMENT} bytes touched per element")
     failed = f"; FAILED, not timed: {', '.join(result['failed'])}" if result["failed"] else ""
     print("validated before timing, on the inputs of the numpy reference gem_step_numpy "
-          f"(timed as ×numpy): {'; '.join(result['validated'])}{failed}")
+          f"(timed as ×numpy), at every thread count: {'; '.join(result['validated'])}"
+          f"{failed}")
     print("timings are cache-warm: the median of repeated calls on the same buffers, so "
-          "sizes whose bytes fit in the cache run from it")
-    cols = ["elements", "fused GB/s", "triad GB/s", "memcpy GB/s", "fused/triad",
-            "×numpy", "×torch", "fused ms"]
+          "sizes whose bytes fit in the cache run from it; triad, memcpy and torch on the "
+          "row's threads, numpy on one")
+    cols = ["elements", "threads", "fused GB/s", "triad GB/s", "memcpy GB/s", "fused/triad",
+            "×1 thread", "×numpy", "×torch", "fused ms"]
     print("  ".join(f"{c:>11}" for c in cols))
 
     def num(r: dict, key: str, variant: str, fmt: str) -> str:
@@ -224,11 +275,25 @@ def print_kernel(result: dict) -> None:
         return format(r[key], fmt) if key in r else "-"
 
     for r in result["rows"]:
-        vals = [f"{r['elements']:.0e}", f"{r['fused_GBps']:.2f}",
+        vals = [f"{r['elements']:.0e}", str(r["threads"]), f"{r['fused_GBps']:.2f}",
                 num(r, "triad_GBps", "triad", ".2f"), num(r, "memcpy_GBps", "memcpy", ".2f"),
-                num(r, "fused_vs_triad", "triad", ".2f"), f"{r['speedup_vs_numpy']:.1f}",
+                num(r, "fused_vs_triad", "triad", ".2f"),
+                num(r, "speedup_vs_1_thread", "-", ".2f"), f"{r['speedup_vs_numpy']:.1f}",
                 num(r, "speedup_vs_torch", "torch", ".1f"), f"{1e3 * r['fused_s']:.3f}"]
         print("  ".join(f"{v:>11}" for v in vals))
     for r in result["rows"]:
         for variant, why in r["invalid"].items():
-            print(f"{variant} at {r['elements']} elements: invalid, not timed: {why}")
+            print(f"{variant} at {r['elements']} elements on {r['threads']} thread(s): "
+                  f"invalid, not timed: {why}")
+    if result["dispatch"]:
+        print("a call on t threads: the persistent pool against threads spawned per call "
+              "(spawning is kept only for this comparison), each a triad on n elements, "
+              "against the same triad on 1 thread; ×1 above 1: threading pays")
+        cols = ["elements", "threads", "1 thread µs", "pool µs", "spawn µs", "pool ×1",
+                "spawn ×1"]
+        print("  ".join(f"{c:>11}" for c in cols))
+        for r in result["dispatch"]:
+            vals = [f"{r['elements']}", str(r["threads"]), f"{1e6 * r['one_thread_s']:.1f}",
+                    f"{1e6 * r['pool_s']:.1f}", f"{1e6 * r['spawn_s']:.1f}",
+                    f"{r['pool_speedup']:.2f}", f"{r['spawn_speedup']:.2f}"]
+            print("  ".join(f"{v:>11}" for v in vals))

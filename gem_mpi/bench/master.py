@@ -12,12 +12,15 @@ from gem_mpi.bench import _machine
 from gem_mpi.bench.kernel import GEM_BYTES_PER_ELEMENT, _triad_seconds
 
 
-def bench_master(sizes: list[int], updates: int, threads: int, poll_ms: float) -> dict | None:
-    """Workers commit pre-computed GEM updates as fast as they can; the real master applies."""
+def bench_master(sizes: list[int], updates: int, poll_ms: float) -> dict | None:
+    """Workers commit pre-computed GEM updates as fast as they can; the real master applies,
+    on the kernel threads a run would give it (GEM_NUM_THREADS, else the node's cores the
+    workers beside it leave)."""
     from gem_mpi.config import Config
     from gem_mpi.engine.master import Master
     from gem_mpi.problem import build_problem
     from gem_mpi.protocol import DONE, UPDATE, WORKER_TIME_COLUMNS, layout
+    from gem_mpi.run.rank import local_placement
     from gem_mpi.transport import start_mpi
     from gem_mpi.transport.endpoints import WorkerEndpoint
 
@@ -26,6 +29,7 @@ def bench_master(sizes: list[int], updates: int, threads: int, poll_ms: float) -
     if size < 2:
         raise SystemExit("bench master needs mpirun with at least 2 ranks")
     n_workers = size - 1
+    threads = gem.kernel_threads(local_placement(comm).local_size)
     rows = []
     for n in sizes:
         tmp = tempfile.mkdtemp() if rank == 0 else None

@@ -71,7 +71,8 @@ class Master:
         # worker pulls at once); load_state restores the rest
         self.ep = MasterEndpoint(comm, layout, resumed["theta"] if resumed else problem.theta0,
                                  version0=resumed["clock"] if resumed else 0,
-                                 ticket0=resumed["tickets"] if resumed else 0)
+                                 ticket0=resumed["tickets"] if resumed else 0,
+                                 zero=kernel.zero)  # θ and the mailboxes: first touch
         self.rule = MasterRule(cfg.optim, kernel, problem.n_params)
         self.verbose = cfg.monitor.verbose
         self.exit_timeout = cfg.monitor.exit_timeout
@@ -241,20 +242,20 @@ def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Prob
                  run_id: str) -> Master:
     """Rank 0's part of an asynchronous run, set up: its kernel and the kernel's threads,
     the evaluation's threads, and the start-up line."""
-    import os
+    from gem_mpi.algorithm.kernel import kernel_threads, node_cores_left
 
-    from gem_mpi.algorithm.kernel import kernel_threads
-
+    # the kernel's threads (GEM_NUM_THREADS, else the cores the other ranks on the node leave)
     kernel = Kernel(problem.offsets, prefer_extension=not cfg.runtime.no_extension,
-                    threads=kernel_threads())
+                    threads=kernel_threads(placement.local_size))
     say(f"{cfg.method} on {cfg.data.model}/{cfg.data.dataset}: 1 master + "
         f"{layout.n_workers} workers, {problem.n_params} parameters, master kernel: "
         f"{kernel.name}"
         + (f"; resuming {resumed['path']} at update {resumed['clock']}"
            + _changes_note(resumed) + _momentum_note(cfg, resumed) if resumed else ""))
-    # the evaluation's torch threads: what the node's cores leave to the master's rank
-    cores = len(os.sched_getaffinity(0))
-    eval_threads = max(1, cores - (placement.local_size - 1))
+    # the evaluation's torch threads: the same cores. The evaluation runs in a background
+    # thread every --eval-every updates and time-shares them with the kernel; the kernel's
+    # pool sleeps between updates, so a master waiting for updates leaves them all to it.
+    eval_threads = node_cores_left(placement.local_size)
     return Master(cfg, comm, layout, problem, kernel, stop, resumed, eval_threads,
                   run_id=run_id)
 

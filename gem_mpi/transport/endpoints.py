@@ -35,6 +35,7 @@ from gem_mpi.transport.idioms import (
     StopWord,
     TicketCounter,
     VersionedArray,
+    Zero,
 )
 from gem_mpi.transport.polling import Backoff, ProgressPoke, soft_barrier
 from gem_mpi.transport.runtime import MASTER, MPI
@@ -43,14 +44,16 @@ from gem_mpi.transport.runtime import MASTER, MPI
 class _Endpoint:
     """The idioms, allocated collectively in one order on every rank and freed likewise."""
 
-    def __init__(self, comm: MPI.Intracomm, layout: Layout, ticket0: int = 0) -> None:
+    def __init__(self, comm: MPI.Intracomm, layout: Layout, ticket0: int = 0,
+                 zero: Zero | None = None) -> None:
         self.layout = layout
         soft_barrier(comm)  # ranks arrive after uneven imports and data loading
         self.progress = ProgressPoke(comm)
         self.tickets = TicketCounter(comm, ticket0)
         self.stop = StopWord(comm)
-        self.mailbox = Mailbox(comm, layout.n_workers, layout.payload_floats, layout.kept)
-        self.theta_window = VersionedArray(comm, layout.n_params)
+        self.mailbox = Mailbox(comm, layout.n_workers, layout.payload_floats, layout.kept,
+                               zero=zero, stream=layout.n_params)
+        self.theta_window = VersionedArray(comm, layout.n_params, zero=zero)
         self.roll = Roll(comm, layout.n_workers)
 
     def _open(self, comm: MPI.Intracomm) -> None:
@@ -65,11 +68,12 @@ class _Endpoint:
 
 
 class MasterEndpoint(_Endpoint):
-    """Rank 0's view: its own windows' memory, no MPI call on the data path."""
+    """Rank 0's view: its own windows' memory, no MPI call on the data path. ``zero``: how
+    the kernel that streams θ and the payloads first-touches them (the idioms' note)."""
 
     def __init__(self, comm: MPI.Intracomm, layout: Layout, theta0: np.ndarray,
-                 version0: int = 0, ticket0: int = 0) -> None:
-        super().__init__(comm, layout, ticket0)
+                 version0: int = 0, ticket0: int = 0, zero: Zero | None = None) -> None:
+        super().__init__(comm, layout, ticket0, zero)
         self.theta = self.theta_window.data
         self.theta_window.set(theta0, version0)
         self._open(comm)

@@ -7,6 +7,12 @@ the same order (the endpoints do). Rank 0 reads and writes its own memory throug
 views; ``Win.Sync`` inside its passive epoch is the memory barrier that makes the workers'
 Puts and atomics visible to it, and its stores visible to them.
 
+Rank 0 zeroes its fresh memory, which is also its first touch (Linux places a page on the
+NUMA node of the thread that first writes it): the float arrays the master's kernel streams
+(θ, the mailboxes' payloads) are zeroed by a ``zero`` function the master gives, the kernel's
+own threads each zeroing the range it will stream (:meth:`gem_mpi.algorithm.kernel.Kernel.zero`);
+everything else, and everything without one, by numpy on the calling thread.
+
 Working configuration (Open MPI 4.1, mpi4py 4.1): 8-byte ``Compare_and_swap`` is never used
 (it crashed rank 0 on ``Allocate`` windows in Open MPI 4.1.4); every atomic is a
 ``Fetch_and_op`` followed by a ``Flush``.
@@ -36,15 +42,22 @@ def _bytes(a: np.ndarray) -> list:
     return [a.reshape(-1).view(np.uint8), MPI.BYTE]
 
 
+Zero = Callable[[np.ndarray], None]  # zeroes a fresh 1-D float32 array where it is streamed
+
+
 class _Window:
     """A window of ``nbytes`` on rank 0, in one shared passive epoch for the whole run."""
 
-    def __init__(self, comm: MPI.Intracomm, nbytes: int, disp_unit: int) -> None:
+    def __init__(self, comm: MPI.Intracomm, nbytes: int, disp_unit: int,
+                 first_touch: Callable[[np.ndarray], None] | None = None) -> None:
         self.is_master = comm.Get_rank() == MASTER
         self.win = MPI.Win.Allocate(nbytes if self.is_master else 0, disp_unit, comm=comm)
         self.memory = (np.frombuffer(self.win.tomemory(), dtype=np.uint8) if self.is_master
                        else np.zeros(0, np.uint8))
-        self.memory[:] = 0
+        if self.is_master and first_touch is not None:
+            first_touch(self.memory)  # zeroes all of it, in its own way
+        else:
+            self.memory[:] = 0
         self._opened = self._freed = False
 
     def open(self) -> None:
@@ -123,10 +136,16 @@ class VersionedArray(_Window):
     # header: int64 words at these byte offsets
     _SEQ, _VERSION, _WANTED = 0, 8, 16
 
-    def __init__(self, comm: MPI.Intracomm, n: int, hold_s: float = 20e-3) -> None:
+    def __init__(self, comm: MPI.Intracomm, n: int, hold_s: float = 20e-3,
+                 zero: Zero | None = None) -> None:
         self.nbytes = HEADER_BYTES + 4 * n
         self.hold_s = hold_s
-        super().__init__(comm, self.nbytes, 1)
+
+        def first_touch(memory: np.ndarray) -> None:
+            zero(memory[HEADER_BYTES:].view(np.float32))  # θ, by the kernel's threads
+            memory[:HEADER_BYTES] = 0
+
+        super().__init__(comm, self.nbytes, 1, first_touch if zero is not None else None)
         self._header = np.zeros(HEADER_BYTES // 8, np.int64)
         if self.is_master:
             self._words = self.memory[:HEADER_BYTES].view(np.int64)
@@ -247,17 +266,33 @@ class Mailbox:
     under ``--gem-shift paper``, see :mod:`gem_mpi.protocol`), a release leaves it as it is,
     a post that ends at ``lo`` leaves it untouched, and a full post sets it (a worker's
     first s).
+
+    ``zero`` (rank 0) zeroes each ``stream`` floats of a payload (Δθ, κ|m|, s: the arrays
+    the kernel reads, and the kept s it writes) as the kernel will stream them.
     """
 
     def __init__(self, comm: MPI.Intracomm, n_slots: int, payload_floats: int,
-                 kept: tuple[int, int] | None = None) -> None:
+                 kept: tuple[int, int] | None = None, zero: Zero | None = None,
+                 stream: int = 0) -> None:
         self.n_slots, self.payload_floats = n_slots, payload_floats
         if kept is not None and not 0 <= kept[0] <= kept[1] <= payload_floats:
             raise ValueError(f"kept range {kept} outside the slot's {payload_floats} floats")
         self.kept_span = kept
         self.slot_bytes = (HEADER_BYTES + 4 * payload_floats + 63) // 64 * 64
         self._flags = _Window(comm, 8 * n_slots, 8)  # int64 cells, one per slot
-        self._slots = _Window(comm, self.slot_bytes * n_slots, 1)
+        streams = payload_floats // stream if zero is not None and stream > 0 else 0
+
+        def first_touch(memory: np.ndarray) -> None:
+            slots = memory.reshape(n_slots, self.slot_bytes)
+            for slot in slots:
+                for k in range(streams):
+                    lo = HEADER_BYTES + 4 * k * stream
+                    zero(slot[lo:lo + 4 * stream].view(np.float32))
+            slots[:, :HEADER_BYTES] = 0
+            slots[:, HEADER_BYTES + 4 * streams * stream:] = 0  # a DONE's tail, the padding
+
+        self._slots = _Window(comm, self.slot_bytes * n_slots, 1,
+                              first_touch if streams else None)
         self._one = np.zeros(1, np.int64)
         self._result = np.zeros(1, np.int64)
         self.kept: np.ndarray | None = None  # rank 0: the kept part of every slot, a view
@@ -340,4 +375,4 @@ class Mailbox:
 
 
 __all__ = ["HEADER", "Backoff", "Mailbox", "Message", "Roll", "StopWord", "TicketCounter",
-           "VersionedArray"]
+           "VersionedArray", "Zero"]
