@@ -169,17 +169,17 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
         t0 = clock()
         delta, loss = steps_fn(ep.theta, seq)
         t1 = clock()
+        compute_s = t1 - t0  # θ into the model, forward, backward, Δθ on the host
+        split["compute"] += compute_s
+        if slow_factor > 1.0:  # --straggler: this worker takes FACTOR times as long
+            time.sleep((slow_factor - 1.0) * compute_s)
+            compute_s *= slow_factor
+        t2 = clock()
+        split["straggle"] += t2 - t1
         if pipelined:
             # Algorithm 1's order: the previous update was being applied while this one was
             # computed; wait for its slot, then θ ← pull(), commit Δθ, s ← θ. m folds Δθ
             # only now, so a stop during the wait leaves m one fold ahead at most
-            compute_s = t1 - t0
-            split["compute"] += compute_s
-            if slow_factor > 1.0:
-                time.sleep((slow_factor - 1.0) * compute_s)
-                compute_s *= slow_factor
-            t2 = clock()
-            split["straggle"] += t2 - t1
             if not ep.wait_slot_free():
                 stopped = True
                 break
@@ -199,29 +199,22 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
             ep.commit(UPDATE, seq, version, loss, compute_s, parts)
             split["commit"] += clock() - t5
             version = pulled
-            continue
-        # s: the θ this Δθ was computed on
-        parts = rule.payload(delta, ep.theta, steps_fn.delta if on_device else None,
-                             steps_fn.host)
-        t2 = clock()
-        compute_s = t1 - t0  # θ into the model, forward, backward, Δθ on the host
-        split["compute"] += compute_s
-        split["payload"] += t2 - t1
-        if slow_factor > 1.0:  # --straggler: this worker takes FACTOR times as long
-            time.sleep((slow_factor - 1.0) * compute_s)
-            compute_s *= slow_factor
-        t3 = clock()
-        split["straggle"] += t3 - t2
-        ep.commit(UPDATE, seq, version, loss, compute_s, parts)
-        t4 = clock()
-        split["commit"] += t4 - t3
-        if not ep.wait_slot_free():
-            stopped = True
-            break
-        t5 = clock()
-        split["wait"] += t5 - t4
-        version = ep.pull()
-        split["pull"] += clock() - t5
+        else:
+            # s: the θ this Δθ was computed on; commit, wait for its application, pull
+            parts = rule.payload(delta, ep.theta, steps_fn.delta if on_device else None,
+                                 steps_fn.host)
+            t3 = clock()
+            split["payload"] += t3 - t2
+            ep.commit(UPDATE, seq, version, loss, compute_s, parts)
+            t4 = clock()
+            split["commit"] += t4 - t3
+            if not ep.wait_slot_free():
+                stopped = True
+                break
+            t5 = clock()
+            split["wait"] += t5 - t4
+            version = ep.pull()
+            split["pull"] += clock() - t5
         if cfg.monitor.verbose and (seq + 1) % 100 == 0:
             print(f"gem_mpi: worker {rank}: step {seq + 1}/{steps_fn.steps} loss {loss:.4f} "
                   f"waited {split['wait']:.1f} s", file=sys.stderr, flush=True)
