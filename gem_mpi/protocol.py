@@ -44,9 +44,13 @@ STOP_WORDS = {RUNNING: "running", FINISHED: "finished", ABORTED: "aborted",
               STOPPED: "stopped", DIVERGED: "diverged", OUTPUT_FAILED: "output failed"}
 
 # DONE's payload: the worker's own time split in seconds, one float32 per column, from its
-# first pull to its last message (the metrics file's /summary/worker_time)
+# first pull to its last message (the metrics file's /summary/worker_time). The columns from
+# compute to straggle split the wall time; gpu does not: it is the GPU's own clock from θ's
+# copy to the device until Δθ reached the host, summed over the steps (the time the device
+# had this worker's step queued, overlapping compute and load), NaN on a CPU worker
 WORKER_TIME_COLUMNS = ["wall", "compute", "load", "payload", "commit", "wait", "backoff",
-                       "pull", "straggle"]
+                       "pull", "straggle", "gpu"]
+WORKER_TIME_SPLIT = WORKER_TIME_COLUMNS[1:-1]  # the columns that add up to (at most) wall
 
 # the parts of an update's payload, by name: Δθ, κ|m|, s
 DELTA, AMPLITUDE, SHIFT_BASE = "delta", "a", "s"
@@ -119,4 +123,4 @@ def layout(optim: OptimConfig, n_params: int, n_workers: int) -> Layout:
 
 __all__ = ["ABORTED", "AMPLITUDE", "DELTA", "DIVERGED", "DONE", "FINISHED", "KINDS",
            "OUTPUT_FAILED", "RUNNING", "SHIFT_BASE", "STOPPED", "STOP_WORDS", "UPDATE",
-           "WORKER_TIME_COLUMNS", "Layout", "UpdatePayload", "layout", "update_payload"]
+           "WORKER_TIME_COLUMNS", "WORKER_TIME_SPLIT", "Layout", "UpdatePayload", "layout", "update_payload"]

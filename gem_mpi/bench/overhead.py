@@ -27,8 +27,9 @@ import numpy as np
 
 from gem_mpi.bench import _machine
 from gem_mpi.bench.compare import run_training
+from gem_mpi.protocol import WORKER_TIME_SPLIT
 
-WORKER_SPLIT = ("compute", "load", "payload", "commit", "wait", "backoff", "pull", "straggle")
+WORKER_SPLIT = tuple(WORKER_TIME_SPLIT)  # the columns that split a worker's wall time
 MASTER_SPLIT = ("wait", "apply", "mpi", "metrics")  # "wait" is the master's idle time
 
 

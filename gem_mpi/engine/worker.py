@@ -39,6 +39,8 @@ class _QuadraticSteps:
                                                          data.batch_size)
         self.device = "cpu (numpy)"
         self.load_s = 0.0  # Δθ is computed on the pulled θ in place
+        self.gpu_s = float("nan")
+        self.pull_buffer = None  # pulls land in the endpoint's own buffer
 
     def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
         return self.q.step(theta, self.target, self.lr)
@@ -48,7 +50,14 @@ class _QuadraticSteps:
 
 
 class _TorchSteps:
-    """Δθ of a torch model on this worker's data stream, on its GPU or the CPU."""
+    """Δθ of a torch model on this worker's data stream, on its GPU or the CPU.
+
+    On the CPU the parameters are views of the pulled θ and Δθ is computed in place: nothing
+    is copied. On a GPU θ is pulled into page-locked memory and reaches the parameters (views
+    of one flat device buffer) in one asynchronous copy; Δθ and κ|m| come back on a side
+    stream, each ordered after the compute by an event; the next mini-batch is made on the
+    CPU and sent to the device while the GPU still computes this step.
+    """
 
     def __init__(self, cfg: Config, problem: Problem, rank: int, n_workers: int,
                  placement: Placement, start_seq: int = 0) -> None:
@@ -63,24 +72,33 @@ class _TorchSteps:
         self.params = list(self.model.parameters())
         self._first_seq = start_seq
         n = problem.n_params
-        on_gpu = self.device.type == "cuda"
-        # host staging buffers (pinned on GPU, so copies are DMA and can overlap)
-        self._delta_host = torch.empty(n, dtype=torch.float32, pin_memory=on_gpu)
-        self._a_host = torch.empty(n, dtype=torch.float32, pin_memory=on_gpu)
-        # the parameters are views of one flat θ: on a GPU of one device buffer (θ arrives in
-        # one copy), on the CPU of the pulled θ itself (no copy at all, bound at the first
-        # step); the gradients are views of one flat buffer, so Δθ needs no concatenation
-        self._flat = torch.empty(n, dtype=torch.float32, device=self.device) if on_gpu else None
-        self._bound: int | None = None  # the host θ the CPU parameters view
-        if on_gpu:
-            self._bind(self._flat)
+        self.on_gpu = self.device.type == "cuda"
+        self.load_s = 0.0  # copying θ into the model's parameters
+        self.gpu_s = float("nan")  # the GPU's own time for the steps (see protocol)
         self._grad = torch.zeros(n, dtype=torch.float32, device=self.device)
         for p, view in zip(self.params, unflatten(self._grad, self.params)):
             p.grad = view
         self.delta = torch.empty(n, dtype=torch.float32, device=self.device)  # Δθ on the device
         self.steps, self.batches = data_stream(cfg.data, rank, n_workers, start_seq)
         self.lr = cfg.optim.lr
-        self.load_s = 0.0  # copying θ into the model's parameters
+        self._bound: int | None = None  # the host θ the CPU parameters view
+        self.pull_buffer: np.ndarray | None = None  # where the worker's pulls land (GPU)
+        self._next: tuple | None = None  # (seq, x, y, ready event): a batch on its way (GPU)
+        if self.on_gpu:
+            self._init_gpu(n)
+
+    def _init_gpu(self, n: int) -> None:
+        torch = self.torch
+        pinned = torch.empty(n, dtype=torch.float32, pin_memory=True)
+        self._pull_host = pinned
+        self.pull_buffer = pinned.numpy()
+        self._flat = torch.empty(n, dtype=torch.float32, device=self.device)
+        self._bind(self._flat)
+        self._delta_host = torch.empty(n, dtype=torch.float32, pin_memory=True)
+        self._a_host = torch.empty(n, dtype=torch.float32, pin_memory=True)
+        self._loss_host = torch.empty(1, dtype=torch.float32, pin_memory=True)
+        self._copies = torch.cuda.Stream(self.device)  # host <-> device beside the compute
+        self.gpu_s = 0.0
 
     def _bind(self, flat: object) -> None:
         """Make every parameter a view of ``flat`` (θ's layout, this worker's device)."""
@@ -88,27 +106,82 @@ class _TorchSteps:
             for p, view in zip(self.params, unflatten(flat, self.params)):
                 p.data = view
 
+    def _batch(self, seq: int) -> tuple:
+        """Mini-batch ``seq`` on the device: the one prefetched, else made now. Its dropout
+        seed is set just before it is made, so both ways draw the same masks."""
+        torch = self.torch
+        if self._next is not None:
+            next_seq, x, y, ready = self._next
+            self._next = None
+            if next_seq == seq:
+                torch.cuda.current_stream().wait_event(ready)
+                return x, y
+        seed_dropout(self.seed, self.rank, seq)  # randomness a function of (seed, worker, step)
+        x, y = next(self.batches)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def _prefetch(self, seq: int) -> None:
+        """Make mini-batch ``seq`` and start its copy to the device on the side stream."""
+        torch = self.torch
+        if seq >= self.steps:
+            return
+        seed_dropout(self.seed, self.rank, seq)
+        x, y = next(self.batches)
+        x, y = x.pin_memory(), y.pin_memory()
+        compute = torch.cuda.current_stream()
+        with torch.cuda.stream(self._copies):
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        x.record_stream(compute)  # allocated on the side stream, used on the compute one
+        y.record_stream(compute)
+        self._next = (seq, x, y, ready)
+
+    def _to_host(self, pairs: tuple[tuple[object, object], ...], timing: bool = False
+                 ) -> object:
+        """Copy each (device source, page-locked destination) on the side stream, after the
+        compute queued so far; returns the event that marks them done."""
+        torch = self.torch
+        computed = torch.cuda.Event()
+        computed.record()
+        done = torch.cuda.Event(enable_timing=timing)
+        with torch.cuda.stream(self._copies):
+            self._copies.wait_event(computed)
+            for src, dst in pairs:
+                src.record_stream(self._copies)
+                dst.copy_(src, non_blocking=True)
+            done.record()
+        return done
+
     def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
         torch = self.torch
         t = time.perf_counter()
-        if self._flat is not None:
-            self._flat.copy_(torch.from_numpy(theta), non_blocking=True)
+        start = None
+        if self.on_gpu:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            src = self._pull_host if theta is self.pull_buffer else torch.from_numpy(theta)
+            self._flat.copy_(src, non_blocking=True)
         elif self._bound != theta.ctypes.data:  # the worker's pull buffer, the same each step
             self._bind(torch.from_numpy(theta))
             self._bound = theta.ctypes.data
         self.load_s += time.perf_counter() - t
-        seed_dropout(self.seed, self.rank, seq)  # randomness a function of (seed, worker, step)
-        x, y = next(self.batches)
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        x, y = self._batch(seq)
         self._grad.zero_()
         loss = self.loss(self.model(x), y)
         loss.backward()  # accumulates into the views of self._grad
         if seq == self._first_seq:
             self._check_grads()
         torch.mul(self._grad, -self.lr, out=self.delta)  # Δθ, on the device
-        self._delta_host.copy_(self.delta, non_blocking=True)
-        value = float(loss.detach())  # synchronises the device, so the host copy is done
-        return self._delta_host.numpy(), value
+        if not self.on_gpu:
+            return self.delta.numpy(), float(loss.detach())
+        done = self._to_host(((self.delta, self._delta_host),
+                              (loss.detach().reshape(1), self._loss_host)), timing=True)
+        self._prefetch(seq + 1)  # on the CPU, while the GPU computes this step
+        done.synchronize()
+        self.gpu_s += start.elapsed_time(done) / 1e3
+        return self._delta_host.numpy(), float(self._loss_host[0])
 
     def _check_grads(self) -> None:
         """Autograd accumulates into an existing .grad in place; a model whose backward
@@ -122,7 +195,9 @@ class _TorchSteps:
 
     def host(self, a: object) -> np.ndarray:
         """A device array on the host (κ|m| before it is sent)."""
-        self._a_host.copy_(a)
+        if not self.on_gpu:
+            return a.numpy()
+        self._to_host(((a, self._a_host),)).synchronize()
         return self._a_host.numpy()
 
 
@@ -140,7 +215,8 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
                                                                   rank)
     else:
         steps_fn = _TorchSteps(cfg, problem, rank, layout.n_workers, placement, start_seq)
-    ep = WorkerEndpoint(comm, layout, poll_limit=cfg.runtime.poll_max_ms / 1000.0)
+    ep = WorkerEndpoint(comm, layout, poll_limit=cfg.runtime.poll_max_ms / 1000.0,
+                        theta_into=steps_fn.pull_buffer)
     directory = cfg.outputs.checkpoint_dir
     on_device = isinstance(steps_fn, _TorchSteps)
     rule = WorkerRule(cfg.optim, steps_fn.delta if on_device else np.zeros(problem.n_params,
@@ -225,6 +301,7 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
     if not stopped:
         # the compute split without the copy of θ into the model; waiting without the sleeps
         split["load"] = steps_fn.load_s
+        split["gpu"] = steps_fn.gpu_s
         split["compute"] -= split["load"]
         split["backoff"] = ep.backoff_s
         split["wait"] -= split["backoff"]

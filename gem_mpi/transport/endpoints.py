@@ -45,7 +45,7 @@ class _Endpoint:
     """The idioms, allocated collectively in one order on every rank and freed likewise."""
 
     def __init__(self, comm: MPI.Intracomm, layout: Layout, ticket0: int = 0,
-                 zero: Zero | None = None) -> None:
+                 zero: Zero | None = None, theta_into: np.ndarray | None = None) -> None:
         self.layout = layout
         soft_barrier(comm)  # ranks arrive after uneven imports and data loading
         self.progress = ProgressPoke(comm)
@@ -53,7 +53,8 @@ class _Endpoint:
         self.stop = StopWord(comm)
         self.mailbox = Mailbox(comm, layout.n_workers, layout.payload_floats, layout.kept,
                                zero=zero, stream=layout.n_params)
-        self.theta_window = VersionedArray(comm, layout.n_params, zero=zero)
+        self.theta_window = VersionedArray(comm, layout.n_params, zero=zero,
+                                           into=theta_into)
         self.roll = Roll(comm, layout.n_workers)
 
     def _open(self, comm: MPI.Intracomm) -> None:
@@ -137,10 +138,12 @@ class MasterEndpoint(_Endpoint):
 
 
 class WorkerEndpoint(_Endpoint):
-    """A worker's view: pulls θ and posts messages into its own mailbox slot on rank 0."""
+    """A worker's view: pulls θ and posts messages into its own mailbox slot on rank 0.
+    ``theta_into``: where pulls land (default: a buffer of its own), see VersionedArray."""
 
-    def __init__(self, comm: MPI.Intracomm, layout: Layout, poll_limit: float = 5e-3) -> None:
-        super().__init__(comm, layout)
+    def __init__(self, comm: MPI.Intracomm, layout: Layout, poll_limit: float = 5e-3,
+                 theta_into: np.ndarray | None = None) -> None:
+        super().__init__(comm, layout, theta_into=theta_into)
         self.rank = comm.Get_rank()
         self.slot = self.rank - 1
         self.theta = self.theta_window.data

@@ -137,7 +137,9 @@ class VersionedArray(_Window):
     _SEQ, _VERSION, _WANTED = 0, 8, 16
 
     def __init__(self, comm: MPI.Intracomm, n: int, hold_s: float = 20e-3,
-                 zero: Zero | None = None) -> None:
+                 zero: Zero | None = None, into: np.ndarray | None = None) -> None:
+        """``into``: a reader's own float32 buffer of ``n`` to read θ into (a GPU worker's
+        page-locked one, so that θ's copy to the device is asynchronous DMA)."""
         self.nbytes = HEADER_BYTES + 4 * n
         self.hold_s = hold_s
 
@@ -153,7 +155,10 @@ class VersionedArray(_Window):
             self._backoff = Backoff(first=5e-6, limit=200e-6)
             self.held_s = 0.0  # seconds rank 0 held writes back for a reader
         else:
-            self.data = np.empty(n, dtype=np.float32)
+            if into is not None and (into.dtype != np.float32 or into.shape != (n,)
+                                     or not into.flags.c_contiguous):
+                raise ValueError(f"a reader's buffer must be {n} contiguous float32")
+            self.data = np.empty(n, dtype=np.float32) if into is None else into
             self._again = np.zeros(HEADER_BYTES // 8, np.int64)
             self._operand = np.zeros(1, np.int64)
             self._result = np.zeros(1, np.int64)
