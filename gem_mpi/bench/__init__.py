@@ -7,6 +7,8 @@
                                                    # a straggler; launches mpirun itself
     python -m gem_mpi.bench overhead               # end-to-end updates/s vs the compute
                                                    # ceiling, and where the time goes
+    python -m gem_mpi.bench gpu                    # the GPU check (tools/gpu_check.sh): the
+                                                   # workers' split on one CUDA device
 
 Every figure is a median over repeated calls; every ratio compares numbers taken in the same
 process minutes apart, never numbers from another run. ``--json PATH`` writes them all.

