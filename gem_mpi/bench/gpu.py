@@ -133,7 +133,11 @@ def _mode_row(run: object, mode: str, steps: int, job_s: float, util: float | No
     loss = np.asarray(u["loss"], np.float64)
     k = max(1, len(loss) // 10)
     first, last = float(np.mean(loss[:k])), float(np.mean(loss[-k:]))
-    return {"mode": mode, "steps": steps, "job_s": job_s,
+    summary = run.summary
+    master = {k: summary[f"master_{k}_s"] / summary["wall_s"]
+              for k in ("wait", "apply", "mpi", "metrics")}
+    return {"mode": mode, "steps": steps, "job_s": job_s, "kernel": str(run.attrs["kernel"]),
+            "master": master, "apply_ms": 1e3 * summary["master_apply_s"] / summary["updates"],
             "updates": analysis.applied_updates(run),
             "updates_per_s": analysis.updates_per_second(run),
             "staleness": float(np.mean(u["staleness"])), "loss_first": first,
@@ -174,7 +178,8 @@ def bench_gpu(args: argparse.Namespace) -> dict:
             "torch": torch.__version__, "cuda": torch.version.cuda, "workers": args.workers,
             "batch_size": args.batch_size, "image_size": args.image_size, "lr": args.lr, "launcher": args.mpirun,
             "model": MODEL, "dataset": DATASET, "rows": rows,
-            "ok": all(r["loss_fell"] and r["theta_finite"] for r in rows)}
+            "ok": all(r["loss_fell"] and r["theta_finite"] and r["kernel"].startswith("C++")
+                      for r in rows)}
 
 
 def print_gpu(result: dict) -> None:
@@ -194,6 +199,12 @@ def print_gpu(result: dict) -> None:
             print(" ".join(f"{v!s:>9}" for v in vals))
     for r in result["rows"]:
         util = "n/a" if r["utilisation"] is None else f"{r['utilisation']:.0f}%"
+        m = r["master"]
+        print(f"{r['mode']}: master kernel {r['kernel']}"
+              f"{'' if r['kernel'].startswith('C++') else ' (NOT THE C++ EXTENSION)'}: "
+              f"{r['apply_ms']:.1f} ms per update; master time idle {100 * m['wait']:.0f}%, "
+              f"apply {100 * m['apply']:.0f}%, mpi {100 * m['mpi']:.0f}%, metrics "
+              f"{100 * m['metrics']:.0f}%")
         print(f"{r['mode']}: {r['updates']} updates in {r['job_s']:.0f} s of job "
               f"({r['updates_per_s']:.1f} upd/s while training), mean staleness "
               f"{r['staleness']:.2f}, device utilisation {util} (NVML, busy samples); loss "
