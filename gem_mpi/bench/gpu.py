@@ -107,7 +107,8 @@ class _Utilisation:
 def _train_args(args: argparse.Namespace, mode: str, steps: int, save: str) -> list[str]:
     return ["--model", MODEL, "--dataset", DATASET, "--loss", "cross_entropy",
             "--lr", str(args.lr), "--batch-size", str(args.batch_size),
-            "--max-steps", str(steps), "--eval-every", "0", "--log-every", "30",
+            "--max-steps", str(steps), "--epochs", str(-(-steps * args.batch_size // _TRAIN)),
+            "--eval-every", "0", "--log-every", "30",
             "--worker-mode", mode, "--save", save]
 
 
@@ -127,8 +128,9 @@ def _mode_row(run: object, mode: str, steps: int, job_s: float, util: float | No
     for w in range(len(wt["wall"])):
         wall = float(wt["wall"][w])
         row = {k: float(wt[k][w]) / wall for k in SHOWN}
-        row.update(worker=w + 1, wall_s=wall, gpu=float(wt["gpu"][w]) / wall,
-                   steps_per_s=steps / wall)
+        done = int(np.sum(u["worker"] == w + 1))  # this worker's applied updates
+        row.update(worker=w + 1, wall_s=wall, gpu=float(wt["gpu"][w]) / wall, steps=done,
+                   steps_per_s=done / wall)
         workers.append(row)
     loss = np.asarray(u["loss"], np.float64)
     k = max(1, len(loss) // 10)
