@@ -1,10 +1,18 @@
 """What many tests share beside conftest's launchers: the command line of a run on the numpy
-quadratic, and the check that every update of a run was applied exactly once."""
+quadratic, the check that every update of a run was applied exactly once, and the checks any
+MPI setup must pass (tests/test_mpi_stacks.py's stacks, tests/test_multinode.py's nodes):
+the transport stress report, a run that learns, a worker killed mid-run then resumed."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 QUADRATIC = ("--model", "quadratic", "--dataset", "synthetic")
 
@@ -29,3 +37,110 @@ def assert_exactly_once(workers: Iterable, seqs: Iterable, worker_ids: Iterable[
     pairs = Counter(zip((int(w) for w in workers), (int(s) for s in seqs)))
     assert set(pairs) == {(w, s) for w in worker_ids for s in range(steps)}
     assert max(pairs.values()) == 1  # nothing applied twice, nothing missing
+
+
+def assert_stress_report(report: Path, workers: int, steps: int) -> None:
+    """tests/mpi_progs/transport_stress.py's report: no torn pull, each update exactly once,
+    every ticket used once, θ exact, every worker served in the first half of the run."""
+    import numpy as np
+
+    r = json.loads(Path(report).read_text())
+    log = np.array(r["log"])
+    total = workers * steps
+    assert r["torn"] == 0
+    assert len(log) == total
+    assert_exactly_once(log[:, 0], log[:, 1], range(1, workers + 1), steps)
+    assert sorted(log[:, 2].tolist() + r["done_tickets"]) == list(range(total + workers))
+    assert r["theta_min"] == r["theta_max"] == float(total) == r["version"]
+    first_half = Counter(log[: total // 2, 0].tolist())  # every worker served early on
+    assert min(first_half.get(w, 0) for w in range(1, workers + 1)) >= 0.25 * total / 2 / workers
+
+
+def assert_learns(metrics: Path, workers: int, steps: int) -> None:
+    """A run's metrics file holds every update, and the loss of its last 50 is below half
+    that of its first 50."""
+    import numpy as np
+
+    from gem_mpi.outputs.analysis import load_run
+
+    u = load_run(metrics).updates
+    assert len(u["loss"]) == workers * steps
+    assert np.mean(u["loss"][-50:]) < 0.5 * np.mean(u["loss"][:50])
+
+
+def job_ranks(launcher_pid: int) -> dict[int, int]:
+    """MPI rank -> pid of the ranks below a launcher process, whatever the launcher (Open
+    MPI's OMPI_COMM_WORLD_RANK, MPICH's PMI_RANK; MPICH's proxy starts its own session; on
+    other "nodes", below the daemon the launch agent started)."""
+    table = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True,
+                           check=False).stdout.split()
+    children: dict[int, list[int]] = {}
+    for pid, ppid in zip(map(int, table[::2]), map(int, table[1::2])):
+        children.setdefault(ppid, []).append(pid)
+    pids, todo = [], [launcher_pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            pids.append(child)
+            todo.append(child)
+    out = {}
+    for pid in pids:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        for item in environ:
+            key, _, value = item.partition(b"=")
+            if key in (b"OMPI_COMM_WORLD_RANK", b"PMI_RANK") and b"python" in cmdline:
+                out[int(value)] = pid
+    return out
+
+
+def kill_worker_mid_run(command: list[str], env: dict[str, str], cwd: Path,
+                        checkpoint_dir: Path, ranks: int, victim: int = 2) -> None:
+    """Start a training job, wait until it has written a checkpoint and all its ranks run,
+    SIGKILL rank ``victim``: the launcher must end the whole job (no hang), not with 0."""
+    proc = subprocess.Popen(command, env=env, cwd=str(cwd), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        found: dict[int, int] = {}
+        while not (list(checkpoint_dir.glob("checkpoint_*.h5")) and len(found) == ranks):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the job never got going"
+            time.sleep(0.2)
+            found = job_ranks(proc.pid)
+        os.kill(found[victim], signal.SIGKILL)
+        t0 = time.monotonic()
+        proc.communicate(timeout=60)  # the job must end, not hang
+        ended = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0 and ended < 60
+
+
+KILL_RUN_STEPS = 2000
+
+
+def kill_run_args(workdir: Path, workers: int) -> list[str]:
+    """The run a killed-worker test kills then resumes: DOWNPOUR on the quadratic,
+    checkpointed every 0.3 s, long enough to be killed mid-run."""
+    return ["-m", "gem_mpi.train",
+            *quadratic_args(method="downpour", dim=2000, steps=KILL_RUN_STEPS, eval_every=0,
+                            metrics=workdir / "run.h5", checkpoint_dir=workdir,
+                            checkpoint_every=0.3)]
+
+
+def assert_resumed_exactly_once(
+        resume: Callable[[list[str]], subprocess.CompletedProcess], workdir: Path,
+        workers: int) -> None:
+    """``resume(args)`` runs kill_run_args' run again with --resume auto: it must finish with
+    every update of every worker applied exactly once."""
+    from gem_mpi.outputs.analysis import load_run
+
+    res = resume([*kill_run_args(workdir, workers), "--resume", "auto"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    u = load_run(workdir / "run.h5").updates
+    assert_exactly_once(u["worker"], u["seq"], range(1, workers + 1), KILL_RUN_STEPS)

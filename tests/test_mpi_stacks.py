@@ -9,19 +9,23 @@ it); GEM_MPI_MPICH=0 leaves MPICH out of both the install and this module.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import PROGS, REPO, mpi_env
-from helpers import assert_exactly_once, quadratic_args
+from helpers import (
+    assert_learns,
+    assert_resumed_exactly_once,
+    assert_stress_report,
+    kill_run_args,
+    kill_worker_mid_run,
+    quadratic_args,
+)
 
 # where tools/install.sh puts the libmpi.so.12 -> Debian's libmpich.so.12 link that
 # mpi4py's wheel needs to load MPICH (MPI4PY_MPIABI=mpich)
@@ -49,19 +53,26 @@ STACKS: dict[str, tuple[str, list[str], dict[str, str]]] = {
 SELECTED = [s for s in STACKS if s != "mpich" or os.environ.get("GEM_MPI_MPICH", "1") != "0"]
 
 
-def launch(stack: str, n: int, args: list[str], timeout: float = 90
-           ) -> subprocess.CompletedProcess:
+def stack_command(stack: str, n: int, args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a job of ``n`` ranks running python ``args`` on
+    ``stack`` (one of STACKS); fails with the install hint if the stack is missing."""
     launcher, options, extra = STACKS[stack]
     if shutil.which(launcher) is None:
         pytest.fail(f"{stack}: {launcher} is missing; {INSTALL_HINT}")
-    if stack == "mpich" and not (MPICH_LIB / "libmpi.so.12").exists():
+    if stack.startswith("mpich") and not (MPICH_LIB / "libmpi.so.12").exists():
         pytest.fail(f"mpich: {MPICH_LIB}/libmpi.so.12 is missing; {INSTALL_HINT}")
     env = {**mpi_env(), **extra}
-    if stack == "mpich":  # Open MPI's variables mean nothing to it
+    if stack.startswith("mpich"):  # Open MPI's variables mean nothing to it
         env = {k: v for k, v in env.items() if not k.startswith("OMPI_")}
-    return subprocess.run([launcher, "-n", str(n), *options, sys.executable, *args],
-                          capture_output=True, text=True, timeout=timeout, check=False,
-                          env=env, cwd=str(REPO))
+    return [launcher, "-n", str(n), *options, sys.executable, *args], env
+
+
+def launch(stack: str, n: int, args: list[str], timeout: float = 90,
+           prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Run a job on ``stack`` (after ``prefix``, e.g. ``ip netns exec NS``); never hangs."""
+    command, env = stack_command(stack, n, args)
+    return subprocess.run([*prefix, *command], capture_output=True, text=True,
+                          timeout=timeout, check=False, env=env, cwd=str(REPO))
 
 
 @pytest.mark.parametrize("stack", SELECTED)
@@ -72,16 +83,7 @@ def test_transport_and_training_on_each_stack(stack, tmp_path):
     res = launch(stack, workers + 1, [str(PROGS / "transport_stress.py"), "10000", str(steps),
                                       str(out)])
     assert res.returncode == 0, res.stdout + res.stderr
-    r = json.loads(out.read_text())
-    log = np.array(r["log"])
-    total = workers * steps
-    assert r["torn"] == 0
-    assert len(log) == total
-    assert_exactly_once(log[:, 0], log[:, 1], range(1, workers + 1), steps)
-    assert sorted(log[:, 2].tolist() + r["done_tickets"]) == list(range(total + workers))
-    assert r["theta_min"] == r["theta_max"] == float(total) == r["version"]
-    first_half = Counter(log[: total // 2, 0].tolist())  # every worker served early on
-    assert min(first_half.get(w, 0) for w in range(1, workers + 1)) >= 0.25 * total / 2 / workers
+    assert_stress_report(out, workers, steps)
 
     # a short GEM run that learns
     metrics = tmp_path / "run.h5"
@@ -89,11 +91,7 @@ def test_transport_and_training_on_each_stack(stack, tmp_path):
                             *quadratic_args(dim=2000, method="gem", steps=300, eval_every=0,
                                             metrics=metrics)])
     assert res.returncode == 0, res.stdout + res.stderr
-    from gem_mpi.outputs.analysis import load_run
-
-    u = load_run(metrics).updates
-    assert len(u["loss"]) == 2 * 300
-    assert np.mean(u["loss"][-50:]) < 0.5 * np.mean(u["loss"][:50])
+    assert_learns(metrics, 2, 300)
 
 
 def _accuracy(res: subprocess.CompletedProcess) -> float:
@@ -154,76 +152,16 @@ def test_a_stack_that_cannot_make_the_windows_is_refused_with_one_line():
     assert "Traceback" not in res.stderr
 
 
-def _job_ranks(launcher_pid: int) -> dict[int, int]:
-    """MPI rank -> pid of the ranks below a launcher process, whatever the launcher (Open
-    MPI's OMPI_COMM_WORLD_RANK, MPICH's PMI_RANK; MPICH's proxy starts its own session)."""
-    table = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True,
-                           check=False).stdout.split()
-    children: dict[int, list[int]] = {}
-    for pid, ppid in zip(map(int, table[::2]), map(int, table[1::2])):
-        children.setdefault(ppid, []).append(pid)
-    pids, todo = [], [launcher_pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            pids.append(child)
-            todo.append(child)
-    out = {}
-    for pid in pids:
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for item in environ:
-            key, _, value = item.partition(b"=")
-            if key in (b"OMPI_COMM_WORLD_RANK", b"PMI_RANK") and b"python" in Path(
-                    f"/proc/{pid}/cmdline").read_bytes():
-                out[int(value)] = pid
-    return out
-
-
 @pytest.mark.parametrize("stack", SELECTED)
 def test_a_killed_worker_ends_the_job_and_the_resume_recovers(stack, tmp_path):
     """SIGKILL of a worker mid-run: the launcher ends the whole job (no hang), and a resume
     from the last checkpoint finishes the run with every update applied exactly once."""
-    import signal
-    import time
-
-    from gem_mpi.outputs.analysis import load_run
-
-    workers, steps = 3, 2000
-    args = ["-m", "gem_mpi.train",
-            *quadratic_args(method="downpour", dim=2000, steps=steps, eval_every=0,
-                            metrics=tmp_path / "run.h5", checkpoint_dir=tmp_path,
-                            checkpoint_every=0.3)]
-    launcher, options, extra = STACKS[stack]
+    workers = 3
     launch(stack, 1, ["-c", "pass"])  # the launcher and its libraries are there (or fail)
-    env = {**mpi_env(), **extra}
-    if stack == "mpich":
-        env = {k: v for k, v in env.items() if not k.startswith("OMPI_")}
-    proc = subprocess.Popen([launcher, "-n", str(workers + 1), *options, sys.executable, *args],
-                            env=env, cwd=str(REPO), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        ranks: dict[int, int] = {}
-        while not (list(tmp_path.glob("checkpoint_*.h5")) and len(ranks) == workers + 1):
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the job never got going"
-            time.sleep(0.2)
-            ranks = _job_ranks(proc.pid)
-        os.kill(ranks[2], signal.SIGKILL)
-        t0 = time.monotonic()
-        proc.communicate(timeout=60)  # the job must end, not hang
-        ended = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    assert proc.returncode != 0 and ended < 60
-    res = launch(stack, workers + 1, [*args, "--resume", "auto"], timeout=180)
-    assert res.returncode == 0, res.stdout + res.stderr
-    u = load_run(tmp_path / "run.h5").updates
-    assert_exactly_once(u["worker"], u["seq"], range(1, workers + 1), steps)
+    command, env = stack_command(stack, workers + 1, kill_run_args(tmp_path, workers))
+    kill_worker_mid_run(command, env, REPO, tmp_path, workers + 1)
+    assert_resumed_exactly_once(lambda args: launch(stack, workers + 1, args, timeout=180),
+                                tmp_path, workers)
 
 
 def test_one_node_jobs_get_open_mpi_s_shared_memory_windows_unless_the_user_chose():

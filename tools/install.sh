@@ -7,7 +7,8 @@
 #                                 # venv's bin/ is first on PATH
 #
 # Steps (each prints one line when it has work to do):
-#   1. Debian packages openmpi-bin libopenmpi-dev dataset-fashion-mnist g++ shellcheck (for
+#   1. Debian packages openmpi-bin libopenmpi-dev dataset-fashion-mnist g++ iproute2 (for
+#      the tests' network namespaces) shellcheck (for
 #      the tests' lint of jobs/; apt-get; and
 #      python3-venv python3-dev when the python is Debian's own; mpich for the second MPI
 #      stack the tests run, beside Open MPI: mpirun stays Open MPI's, MPICH's launcher is
@@ -54,7 +55,8 @@ _gem_install_main() {
   _gem_say() { printf 'install.sh: %s\n' "$*" >&2; }
 
   # --- 1. Debian packages ---------------------------------------------------------------
-  local debs=(openmpi-bin libopenmpi-dev dataset-fashion-mnist g++ shellcheck)
+  # iproute2: tests/test_multinode.py's network namespaces (ip netns)
+  local debs=(openmpi-bin libopenmpi-dev dataset-fashion-mnist g++ shellcheck iproute2)
   [[ "${GEM_MPI_MPICH:-1}" != 0 ]] && debs+=(mpich)
   # Debian's own python3 keeps venv and the C headers (for the extension) in extra packages
   case "$(command -v "${GEM_MPI_PYTHON:-python3}" 2>/dev/null)" in

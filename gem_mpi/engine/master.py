@@ -27,7 +27,7 @@ from gem_mpi.protocol import (
     WORKER_TIME_COLUMNS,
     Layout,
 )
-from gem_mpi.run.rank import Placement
+from gem_mpi.run.rank import Placement, RankPlace, placement_line
 from gem_mpi.run.supervisor import EXIT_CODES, Outcome, RunSupervisor, StopFlag, Verdict, say
 from gem_mpi.transport import MPI
 from gem_mpi.transport.endpoints import MasterEndpoint
@@ -239,9 +239,10 @@ class Master:
 
 def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
                  stop: StopFlag, resumed: dict | None, placement: Placement,
-                 run_id: str) -> Master:
+                 run_id: str, ranks: list[RankPlace] | None = None) -> Master:
     """Rank 0's part of an asynchronous run, set up: its kernel and the kernel's threads,
-    the evaluation's threads, and the start-up line."""
+    the evaluation's threads, and the start-up line (and, given every rank's ``ranks``
+    from :func:`gem_mpi.run.rank.gather_placement`, the placement line)."""
     from gem_mpi.algorithm.kernel import kernel_threads, node_cores_left
 
     # the kernel's threads (GEM_NUM_THREADS, else the cores the other ranks on the node leave)
@@ -256,6 +257,8 @@ def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Prob
     # thread every --eval-every updates and time-shares them with the kernel; the kernel's
     # pool sleeps between updates, so a master waiting for updates leaves them all to it.
     eval_threads = node_cores_left(placement.local_size)
+    if ranks is not None:
+        say(placement_line(ranks, kernel.threads, eval_threads))
     return Master(cfg, comm, layout, problem, kernel, stop, resumed, eval_threads,
                   run_id=run_id)
 

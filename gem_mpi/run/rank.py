@@ -15,29 +15,82 @@ from gem_mpi.transport import MPI
 class Placement:
     local_rank: int  # this rank's index among the ranks on its node
     local_size: int  # ranks on this node
+    node: int = 0  # the node's number: the lowest rank of ``comm`` on it
 
 
 def local_placement(comm: MPI.Intracomm) -> Placement:
-    """From MPI's shared-memory split, whatever the launcher. Collective."""
+    """From MPI's shared-memory split, whatever the launcher (MPI decides what a node is).
+    Collective."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return Placement(node.Get_rank(), node.Get_size())
+        return Placement(node.Get_rank(), node.Get_size(), node.allreduce(comm.Get_rank(),
+                                                                          op=MPI.MIN))
     finally:
         node.Free()
 
 
-def torch_device(threads: int, placement: Placement) -> object:
-    """This rank's GPU (one per local rank, round robin) or the CPU, and its torch threads
-    (``threads``, or the node's cores shared among its ranks)."""
+def torch_threads(threads: int, placement: Placement) -> int:
+    """A training rank's torch threads: ``threads`` (--threads), else its node's cores shared
+    among the ranks on that node (per node: a node of its own gets them all)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    return threads or max(1, (os.cpu_count() or cores) // placement.local_size)
+
+
+def device_name(placement: Placement, uses_torch: bool) -> str:
+    """The device :func:`torch_device` gives this rank ("cuda:<local rank mod GPUs>" or
+    "cpu"), without starting CUDA: for the placement line. A numpy model runs on the CPU."""
+    if not uses_torch:
+        return "cpu"
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    torch.set_num_threads(threads or max(1, (os.cpu_count() or cores) // placement.local_size))
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return f"cuda:{placement.local_rank % count}" if count else "cpu"
+
+
+def torch_device(threads: int, placement: Placement) -> object:
+    """This rank's GPU (one per local rank, round robin) or the CPU, and its torch threads
+    (:func:`torch_threads`)."""
+    import torch
+
+    torch.set_num_threads(torch_threads(threads, placement))
     if not torch.cuda.is_available():
         return torch.device("cpu")
     device = torch.device(f"cuda:{placement.local_rank % torch.cuda.device_count()}")
     torch.cuda.set_device(device)
     return device
+
+
+RankPlace = tuple[int, str, int, int, int, str]  # node, host, local rank, local size, threads, device
+
+
+def gather_placement(comm: MPI.Intracomm, placement: Placement, threads: int,
+                     uses_torch: bool) -> list[RankPlace] | None:
+    """Collective: on rank 0, every rank's (node, host name, local rank, ranks on its node,
+    torch threads, device), in rank order; None elsewhere. For --verbose's placement line,
+    which shows that a job across nodes gets its budgets per node."""
+    import socket
+
+    mine = (placement.node, socket.gethostname(), placement.local_rank, placement.local_size,
+            torch_threads(threads, placement), device_name(placement, uses_torch))
+    return comm.gather(mine, root=0)
+
+
+def placement_line(ranks: list[RankPlace], kernel_threads: int, eval_threads: int) -> str:
+    """One line: the nodes MPI's shared-memory split found (named by host name), the ranks
+    on each, the master's kernel and evaluation threads, each worker's threads and device."""
+    nodes: dict[int, list[int]] = {}
+    for rank, place in enumerate(ranks):
+        nodes.setdefault(place[0], []).append(rank)
+    parts = []
+    for members in nodes.values():
+        said = []
+        for r in members:
+            _, _, local, size, threads, device = ranks[r]
+            said.append(f"rank 0 (master, local {local}/{size}: kernel {kernel_threads} threads, "
+                        f"evaluation {eval_threads} threads)" if r == 0 else
+                        f"rank {r} (local {local}/{size}: {device}, {threads} threads)")
+        parts.append(f"{ranks[members[0]][1]}: " + ", ".join(said))
+    return f"placement: {len(nodes)} node(s); " + "; ".join(parts)
 
 
 def seed_dropout(seed: int, worker: int, step: int) -> None:

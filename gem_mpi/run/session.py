@@ -80,12 +80,15 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
     """This rank's part of the run: the master, a worker, or a synchronous worker.
     ``result``, if given, receives on rank 0 the final θ and the model it was loaded into."""
     from gem_mpi.problem import build_problem
-    from gem_mpi.run.rank import local_placement
+    from gem_mpi.run.rank import gather_placement, local_placement
 
     stop = StopFlag().install()
     rank = comm.Get_rank()
     placement = local_placement(comm)  # collective: every rank, before the windows
     problem = build_problem(cfg.data, with_theta0=rank == MASTER)
+    # --verbose: rank 0 learns where every rank runs, for its placement line
+    ranks = gather_placement(comm, placement, cfg.runtime.threads, problem.quadratic is None
+                             ) if cfg.monitor.verbose and cfg.method != config.SYNC else None
     n_workers = config.n_workers(cfg, comm.Get_size())
     if resumed is not None and resumed["theta"].size != problem.n_params:
         raise UsageError(f"--resume {resumed['path']!r} holds {resumed['theta'].size} "
@@ -105,7 +108,8 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
     if rank == MASTER:
         from gem_mpi.engine.master import start_master
 
-        master = start_master(cfg, comm, layout, problem, stop, resumed, placement, run_id)
+        master = start_master(cfg, comm, layout, problem, stop, resumed, placement, run_id,
+                              ranks)
         outcome = master.run()
         if result is not None:
             result.update(theta=master.final_theta, summary=master.sup.summary)

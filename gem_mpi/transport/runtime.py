@@ -47,8 +47,9 @@ def window_check(comm: MPI.Intracomm) -> str | None:
     """Collective: None when this MPI creates the windows gem_mpi needs, else one line that
     names the stack and what to use instead (for rank 0 to print before exit 2).
 
-    Open MPI's ``osc rdma`` over ``btl tcp`` is the one refusal seen: every rank gets
-    ``MPI_ERR_WIN`` from ``Win.Allocate``."""
+    Seen refusals, each ``MPI_ERR_WIN`` from ``Win.Allocate`` on every rank: Open MPI's
+    ``osc rdma`` over ``btl tcp`` (also what a job across nodes over TCP gets by default),
+    and ``--mca osc sm`` in a job across nodes (sm serves one node's ranks only)."""
     error = ""
     try:
         win = MPI.Win.Allocate(8 if comm.Get_rank() == MASTER else 0, 8, comm=comm)
@@ -59,8 +60,24 @@ def window_check(comm: MPI.Intracomm) -> str | None:
     errors = [e for e in comm.allgather(error) if e]
     if not errors:
         return None
+    nodes = node_count(comm)
     vendor, version = MPI.get_vendor()
-    return (f"{vendor} {'.'.join(map(str, version))} cannot create the one-sided windows "
-            f"gem_mpi needs ({errors[0]}); with Open MPI over TCP use --mca osc pt2pt "
-            f"(osc rdma needs shared memory or UCX); see docs/ARCHITECTURE.md, "
-            f"\"Working MPI configuration\"")
+    stack = f"{vendor} {'.'.join(map(str, version))}"
+    see = "see docs/ARCHITECTURE.md, \"Working MPI configuration\""
+    chosen = os.environ.get("OMPI_MCA_osc", "")
+    if nodes > 1 and not chosen.startswith("^") and "sm" in chosen.split(","):
+        return (f"{stack}: --mca osc sm serves the ranks of one node only, and this job "
+                f"spans {nodes} nodes: use --mca osc pt2pt over TCP, or --mca osc ucx with "
+                f"UCX; {see}")
+    return (f"{stack} cannot create the one-sided windows gem_mpi needs ({errors[0]}); "
+            f"with Open MPI over TCP (across nodes too) use --mca osc pt2pt (osc rdma "
+            f"needs shared memory or UCX); {see}")
+
+
+def node_count(comm: MPI.Intracomm) -> int:
+    """Collective: how many nodes the job spans, as MPI's shared-memory split sees them."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return comm.allreduce(1 if node.Get_rank() == 0 else 0)
+    finally:
+        node.Free()
