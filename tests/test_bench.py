@@ -118,3 +118,23 @@ def test_bench_overhead_measures_the_ceiling_and_splits_every_rank_s_time(tmp_pa
         assert all(v >= 0 for k, v in w.items() if k != "other")
         assert abs(w["other"]) < 0.25 and abs(m["other"]) < 0.25  # the timers cover the wall
     assert "ceiling:" in res.stdout and "w:compute" in res.stdout and "vs shared" in res.stdout
+
+
+def test_bench_gpu_dry_run_checks_learning_theta_and_the_masters_kernel(tmp_path):
+    """The GPU check's own path, on the CPU (--cpu; CI has no GPU): calibration, both worker
+    modes as real mpirun jobs of a user's model and dataset, the verdicts in the JSON."""
+    out = tmp_path / "g.json"
+    res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "gpu", "--cpu", "--workers",
+                          "2", "--seconds", "3", "--image-size", "32", "--batch-size", "32",
+                          "--calibration-steps", "4", "--mpirun", "mpirun --oversubscribe",
+                          "--json", str(out)], capture_output=True, text=True, timeout=300,
+                         check=False, env=mpi_env(), cwd=REPO)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads(out.read_text())
+    assert result["ok"] and result["device"].startswith("cpu (dry run")
+    assert [r["mode"] for r in result["rows"]] == ["wait", "pipelined"]
+    for r in result["rows"]:
+        assert r["kernel"].startswith("C++ extension") and r["theta_finite"] and r["loss_fell"]
+        assert [w["worker"] for w in r["workers"]] == [1, 2]
+        assert all(w["steps"] >= 4 and w["gpu"] != w["gpu"] for w in r["workers"])  # NaN
+    assert "gem_mpi.bench gpu: ok" in res.stdout and "dry run" in res.stdout
