@@ -10,7 +10,8 @@ sends three numbers per element; the master computes π and applies it:
 Two readings of the shift are offered (``--gem-shift``). ``others`` (the default): s is the θ
 the update was computed at; with ``--worker-mode wait`` that θ holds the worker's own previous
 update, so |θ − s| counts the other workers' updates (the paper's equations 20–22; with one
-worker it is momentum SGD), and with ``pipelined`` it is Algorithm 1's s. ``paper``: s is θ
+worker it is 0 and the step is sign(Δθ)·κ|m| clamped at π_max·|Δθ|), and with
+``pipelined`` it is Algorithm 1's s. ``paper``: s is θ
 just before the worker's previous update was applied, as the authors' prototype takes it, so
 |θ − s| also holds the worker's own previous scaled update. Master-side GEM implements it by having the kernel write θ
 before each update into the s part of the worker's mailbox slot, in the same pass; the
