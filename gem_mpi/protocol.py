@@ -123,4 +123,5 @@ def layout(optim: OptimConfig, n_params: int, n_workers: int) -> Layout:
 
 __all__ = ["ABORTED", "AMPLITUDE", "DELTA", "DIVERGED", "DONE", "FINISHED", "KINDS",
            "OUTPUT_FAILED", "RUNNING", "SHIFT_BASE", "STOPPED", "STOP_WORDS", "UPDATE",
-           "WORKER_TIME_COLUMNS", "WORKER_TIME_SPLIT", "Layout", "UpdatePayload", "layout", "update_payload"]
+           "WORKER_TIME_COLUMNS", "WORKER_TIME_SPLIT", "Layout", "UpdatePayload", "layout",
+           "update_payload"]

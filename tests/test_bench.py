@@ -79,9 +79,13 @@ def test_bench_kernel_refuses_to_time_a_torch_step_that_differs_from_the_referen
 def test_bench_master_splits_the_masters_time(tmp_path):
     out = tmp_path / "m.json"
     res = mpirun(3, ["-m", "gem_mpi.bench", "master", "--sizes", "5000", "--updates", "200",
-                     "--json", str(out)], timeout=300)
+                     "--worker-step-ms", "50", "--json", str(out)], timeout=300)
     assert res.returncode == 0, res.stderr
     [row] = json.loads(out.read_text())["rows"]
+    # workers of 50 ms a step ask 20 upd/s each: the master's rate over that
+    assert row["workers_served"] == pytest.approx(row["updates_per_s"] * 0.05)
+    assert row["workers_served_by_kernel"] == pytest.approx(50 / row["apply_ms"])
+    assert "workers taking 50 ms a step ask 20.0 upd/s each" in res.stdout
     assert row["workers"] == 2 and row["updates"] == 200
     assert row["ratio_to_bound"] > 0 and row["apply_ratio_to_bound"] > 0
     assert abs(sum(row["time_split"].values()) - 1.0) < 0.2  # wait+apply+metrics+mpi ≈ wall

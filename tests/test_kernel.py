@@ -161,6 +161,10 @@ def test_histogram_median_is_within_one_bin(core):
     assert np.all(np.abs(stats.pi_median - exact) <= PI_MAX / gem.HIST_BINS)
     clamped = [np.mean((p <= 0) | (p >= PI_MAX)) for p in (pi[:5_000], pi[5_000:])]
     np.testing.assert_allclose(stats.clamp_frac, clamped, rtol=1e-6)
+    low = [np.mean(p <= 0) for p in (pi[:5_000], pi[5_000:])]
+    np.testing.assert_allclose(stats.clamp_low_frac, low, rtol=1e-6)
+    # over all parameters: the pooled median, not a median of the tensors' medians
+    assert abs(stats.pi_median_all - float(np.median(pi))) <= PI_MAX / gem.HIST_BINS
     np.testing.assert_allclose(stats.energy_proxy, 0.5 * np.sum(a.astype(np.float64) ** 2),
                                rtol=1e-6)
     d = (th - s).astype(np.float64)
@@ -179,6 +183,24 @@ def test_sampled_median_of_a_large_tensor(core):
     np.testing.assert_allclose(stats.clamp_frac[0], np.mean((pi <= 0) | (pi >= PI_MAX)))
 
 
+def test_pooled_median_weighs_every_parameter_alike_across_sampled_tensors(core):
+    # a large tensor (sampled every 123rd element) whose π sit low and a small one whose π
+    # sit high: the median over all parameters follows the large one, and a median of the
+    # two tensors' medians weighted by size would say the same only by luck of the split
+    n_big, n_small = 1_000_000, 3_000
+    n = n_big + n_small
+    theta, delta, a, s = _inputs(n, seed=9)
+    a[n_big:] += np.float32(50.0)  # the small tensor's π clamp high
+    offsets = np.array([0, n_big, n], dtype=np.int64)
+    stats = gem.Kernel(offsets).gem_step(theta.copy(), delta, a, s, EPS, PI_MAX)
+    pi = np.clip((a - np.abs(theta - s)) / (np.abs(delta) + np.float32(EPS)), 0, PI_MAX)
+    rank = np.mean(pi <= stats.pi_median_all)
+    assert abs(rank - 0.5) <= 3 * 0.5 / np.sqrt(gem.HIST_SAMPLE / 2) + 1e-3
+    assert stats.pi_median_all < PI_MAX  # not the small tensor's clamped level
+    np.testing.assert_allclose(stats.clamp_low_frac, [np.mean(pi[:n_big] <= 0),
+                                                      np.mean(pi[n_big:] <= 0)])
+
+
 def test_numpy_kernel_gives_the_same_stats():
     n = 30_001
     theta, delta, a, s = _inputs(n, seed=7)
@@ -192,6 +214,8 @@ def test_numpy_kernel_gives_the_same_stats():
     assert np.array_equal(t1, t2)
     assert np.array_equal(s1.pi_median, s2.pi_median, equal_nan=True)
     assert np.array_equal(s1.clamp_frac, s2.clamp_frac)
+    assert np.array_equal(s1.clamp_low_frac, s2.clamp_low_frac)
+    assert s1.pi_median_all == s2.pi_median_all
 
 
 @pytest.mark.parametrize(

@@ -122,12 +122,40 @@ def hist_median(hist: np.ndarray, pi_max: float) -> np.ndarray:
     return out
 
 
+def pooled_median(hist: np.ndarray, sizes: np.ndarray, pi_max: float) -> float:
+    """Median of π over all parameters, from the per-tensor histograms pooled.
+
+    Each tensor's histogram counts a sample of its elements (``sample_stride``), so its
+    counts are weighted by size / sampled before they are added: every parameter weighs the
+    same, whatever tensor holds it. The median is read like :func:`hist_median`'s (exact when
+    it is clamped, else interpolated inside its bin, within π_max / HIST_BINS), at half the
+    pooled weight. NaN when nothing was counted.
+    """
+    sampled = hist.sum(axis=1)
+    weights = np.divide(sizes, sampled, out=np.zeros(len(sizes)), where=sampled > 0)
+    row = weights @ hist.astype(np.float64)
+    total = float(row.sum())
+    if total <= 0:
+        return float("nan")
+    half = 0.5 * total
+    cum = np.cumsum(row)
+    b = int(np.searchsorted(cum, half))
+    if b == 0:
+        return 0.0
+    if b >= HIST_BINS + 1:
+        return float(pi_max)
+    frac = (half - cum[b - 1]) / row[b]
+    return float((b - 1 + frac) * (pi_max / HIST_BINS))
+
+
 @dataclass
 class GemStats:
     """What the metrics record of one GEM step."""
 
     pi_median: np.ndarray  # per tensor: lower median, to within π_max / HIST_BINS
     clamp_frac: np.ndarray  # per tensor: share of elements where π hit 0 or π_max
+    clamp_low_frac: np.ndarray  # per tensor: share of elements where π hit 0
+    pi_median_all: float  # over all parameters: pooled_median
     energy_central: float  # ½‖θ_new − s‖²: the central variable's kinetic energy seen by w
     energy_proxy: float  # ½‖κ m‖²: the (amplified) proxy energy GEM matches
 
@@ -218,9 +246,12 @@ class Kernel:
         if not ok:
             return None
         clamped = self._counts.sum(axis=1)
+        size = np.maximum(self.sizes, 1)
         return GemStats(
             pi_median=hist_median(self._hist, pi_max),
-            clamp_frac=(clamped / np.maximum(self.sizes, 1)).astype(np.float32),
+            clamp_frac=(clamped / size).astype(np.float32),
+            clamp_low_frac=(self._counts[:, 0] / size).astype(np.float32),
+            pi_median_all=pooled_median(self._hist, self.sizes, pi_max),
             energy_central=0.5 * float(self._sums[:, 0].sum()),
             energy_proxy=0.5 * float(self._sums[:, 1].sum()),
         )

@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--updates", type=int, default=2000, help="updates per size")
     m.add_argument("--poll-max-ms", type=float, default=5.0,
                    help="workers' longest sleep between polls (as gem_mpi.train's option)")
+    m.add_argument("--worker-step-ms", type=float, default=None,
+                   help="a worker's step time (e.g. a GPU's, from bench gpu): print how many "
+                   "such workers the measured master rate would keep busy")
     t = sub.add_parser("transport", help="Get/Put between 2 ranks under mpirun")
     t.add_argument("--sizes", type=int, nargs="+",
                    default=[10_000, 100_000, 1_000_000, 10_000_000])
@@ -102,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--threads: every count must be at least 1")
         result, show = bench_kernel(args.sizes, threads, not args.no_torch), print_kernel
     elif args.what == "master":
-        result, show = bench_master(args.sizes, args.updates, args.poll_max_ms), print_master
+        result, show = (bench_master(args.sizes, args.updates, args.poll_max_ms,
+                                     args.worker_step_ms), print_master)
     else:
         result, show = bench_transport(args.sizes), print_transport
     if result is None:  # not rank 0

@@ -12,7 +12,8 @@ from gem_mpi.bench import _machine
 from gem_mpi.bench.kernel import GEM_BYTES_PER_ELEMENT, _triad_seconds
 
 
-def bench_master(sizes: list[int], updates: int, poll_ms: float) -> dict | None:
+def bench_master(sizes: list[int], updates: int, poll_ms: float,
+                 worker_step_ms: float | None = None) -> dict | None:
     """Workers commit pre-computed GEM updates as fast as they can; the real master applies,
     on the kernel threads a run would give it (GEM_NUM_THREADS, else the node's cores the
     workers beside it leave)."""
@@ -56,7 +57,12 @@ def bench_master(sizes: list[int], updates: int, poll_ms: float) -> dict | None:
                          "apply_ms": 1e3 * apply_s,
                          # the kernel's own speed during the run against the quiet triad:
                          # the ceiling of ratio_to_bound when the workers share the machine
-                         "apply_ratio_to_bound": triad_s / apply_s})
+                         "apply_ratio_to_bound": triad_s / apply_s,
+                         # workers of that step time this master keeps busy: its rate (as
+                         # measured, and its kernel alone) over one worker's demand
+                         **({"workers_served": ups * worker_step_ms / 1e3,
+                             "workers_served_by_kernel": worker_step_ms / (1e3 * apply_s)}
+                            if worker_step_ms else {})})
         else:
             ep = WorkerEndpoint(comm, sizes, poll_limit=poll_ms / 1000.0)
             delta = (np.random.default_rng(rank).normal(size=n) * 1e-3).astype(np.float32)
@@ -72,7 +78,8 @@ def bench_master(sizes: list[int], updates: int, poll_ms: float) -> dict | None:
             ep.close()
     if rank != 0:
         return None
-    return {"bench": "master", "machine": _machine(), "threads": threads, "rows": rows}
+    return {"bench": "master", "machine": _machine(), "threads": threads, "rows": rows,
+            "worker_step_ms": worker_step_ms}
 
 
 def print_master(result: dict) -> None:
@@ -90,3 +97,10 @@ def print_master(result: dict) -> None:
                 *(f"{100 * sp[k]:.0f}%" for k in
                                           ("wait", "apply", "metrics", "mpi"))]
         print("  ".join(f"{v!s:>11}" for v in vals))
+    step = result.get("worker_step_ms")
+    for r in result["rows"] if step else []:
+        print(f"at {r['params']} parameters, workers taking {step:g} ms a step ask "
+              f"{1e3 / step:.1f} upd/s each: this master served {r['updates_per_s']:.0f} upd/s "
+              f"here, enough for {r['workers_served']:.1f} such workers; its kernel alone "
+              f"({r['apply_ms']:.2f} ms an update) would serve "
+              f"{r['workers_served_by_kernel']:.1f}")

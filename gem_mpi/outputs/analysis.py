@@ -38,7 +38,8 @@ from gem_mpi.outputs.metrics import (
 # What the writer puts in every run and in GEM runs only; a file that lacks one of these is
 # read all the same (with a note), and a column outside them is read too.
 COMMON_UPDATE_COLUMNS = [name for name, _ in UPDATE_COLUMNS]
-GEM_ONLY_COLUMNS = [name for name, _ in GEM_COLUMNS] + ["pi_median", "clamp_frac"]
+GEM_ONLY_COLUMNS = [name for name, _ in GEM_COLUMNS] + ["pi_median", "clamp_frac",
+                                                         "clamp_low"]
 EVAL_COLUMN_NAMES = [name for name, _ in EVAL_COLUMNS]
 
 
@@ -483,8 +484,13 @@ def staleness(run: Run) -> Staleness | None:
 
 
 def median_pi(run: Run) -> np.ndarray | None:
-    """Per update, the median of π over all parameters, estimated as the size-weighted
-    median of the per-tensor medians the master records (the paper's figure 3)."""
+    """Per update, the median of π over all parameters (the paper's figure 3): the master's
+    ``pi_median_all``, read off the pooled histogram; a file written before that column
+    existed gets the size-weighted median of its per-tensor medians, an estimate that one
+    large tensor can decide alone."""
+    pooled = run.col("pi_median_all")
+    if pooled is not None and pooled.size:
+        return pooled.astype(np.float64)
     pi = run.col("pi_median")
     if pi is None or pi.size == 0:
         return None
@@ -539,9 +545,10 @@ def energy_ratio(run: Run) -> np.ndarray | None:
     return ratio.astype(np.float64)
 
 
-def clamped_share(run: Run) -> float:
-    """Share of all parameter elements whose π was clamped, averaged over updates."""
-    frac = run.col("clamp_frac")
+def clamped_share(run: Run, column: str = "clamp_frac") -> float:
+    """Share of all parameter elements whose π was clamped, averaged over updates
+    (``column``: ``clamp_frac`` at 0 or π_max; ``clamp_low`` at 0 alone)."""
+    frac = run.col(column)
     if frac is None or frac.size == 0:
         return math.nan
     frac = frac.reshape(frac.shape[0], -1).astype(np.float64)

@@ -42,6 +42,7 @@ UPDATE_COLUMNS = [
 GEM_COLUMNS = [
     ("energy_central", "f8"),  # ½‖θ_new − s‖²
     ("energy_proxy", "f8"),  # ½‖κ m‖²
+    ("pi_median_all", "f4"),  # median π over all parameters (kernel.pooled_median)
 ]
 # --method sync: one row per synchronous step (every worker's gradient averaged); worker,
 # ticket, staleness, queue and the GEM columns have no meaning there and are not written
@@ -181,7 +182,8 @@ class MetricsWriter:
         if config["method"] == "gem":
             k = len(tensor_names)
             cols += [(n, d, ()) for n, d in GEM_COLUMNS]
-            cols += [("pi_median", "f4", (k,)), ("clamp_frac", "f4", (k,))]
+            cols += [("pi_median", "f4", (k,)), ("clamp_frac", "f4", (k,)),
+                     ("clamp_low", "f4", (k,))]
         self.updates = _Table(f.create_group("updates"), cols)
         self.evals = _Table(f.create_group("eval"), [(n, d, ()) for n, d in EVAL_COLUMNS])
         self.rejected = None if sync else _Table(f.create_group("rejected"),

@@ -173,9 +173,11 @@ def _e3(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
         at = [[r for r in runs if r.variant == v and r.n == n] for n in ns]
         st = [stat(res, rs, "median_pi", finished_only=False) for rs in at]
         cut = [stat(res, rs, "clamped", finished_only=False) for rs in at]
+        low = [stat(res, rs, "clamped_low", finished_only=False) for rs in at]
         ax.errorbar(ns, [s.mean for s in st], yerr=[0 if math.isnan(s.sd) else s.sd
                                                     for s in st], marker="o", label=v)
-        rows += [[v, str(n), s.text(), c.text()] for n, s, c in zip(ns, st, cut)]
+        rows += [[v, str(n), s.text(), c.text(), lo.text()]
+                 for n, s, c, lo in zip(ns, st, cut, low)]
     ax.set(xlabel="asynchronous workers", ylabel="median π over the run",
            title="median π against n")
     ax.legend()
@@ -183,7 +185,8 @@ def _e3(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                     "seeds, smoothed) for each n, and its level over the whole run: the "
                     "paper's figure 3")
     return lines + md_table(["GEM reading", "n", "median π over all updates",
-                           "share of π clamped to 0 or π_max"], rows)
+                           "share of π clamped to 0 or π_max", "of it, clamped to 0"],
+                          rows)
 
 
 def e4_target(res: Results, runs: list[ex.Run]) -> float:

@@ -31,6 +31,7 @@ class Numbers:
     test_accuracy: float
     median_pi: float  # NaN for methods without π
     clamped: float  # share of π cut to 0 or π_max (NaN for methods without π)
+    clamped_low: float  # share of π cut to 0 (NaN as above, and for files before the column)
     wall_s: float  # the master's training time
     job_s: float  # the whole job, start-up and resumes included (the record's)
     updates: int
@@ -76,6 +77,7 @@ class Results:
         return Numbers(analysis.diverged(d), analysis.initial_train_loss(d),
                        analysis.final_train_loss(d), test.loss, test.accuracy,
                        analysis.run_median_pi(d), analysis.clamped_share(d),
+                       analysis.clamped_share(d, "clamp_low"),
                        analysis.wall_seconds(d),
                        float(record.get("wall_s", math.nan)), analysis.applied_updates(d))
 
