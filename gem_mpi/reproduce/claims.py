@@ -425,7 +425,9 @@ def deviations(res: Results, budget: ex.Budget) -> list[list[str]]:
          "need about 30 GB (docs/SCALE.md)")],
         ["E4's budget", "not stated (figure 4 spans about 60 s)",
          (f"{budget.e4_epochs} data epoch(s) in all, each worker a disjoint 1/n shard, "
-         f"B = {budget.e4_batch}"), "every n sees the same samples and makes the same steps"],
+         f"B = {budget.e4_batch}; one worker's torch threads take every core"),
+         ("every n sees the same samples, makes the same steps and has the same cores (runs "
+          "made before this was so gave n = 1 one thread: their speedups count the cores)")],
         ["momentum SGD (E6)", "one curve, figure 6", ("that curve (1 rank, 1 epoch) and "
          "synchronous SGD on n ranks with the asynchronous runs' data"), ("both readings of "
          "\"the synchronous proxy\"")],

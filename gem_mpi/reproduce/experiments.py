@@ -183,13 +183,18 @@ def _e2(b: Budget) -> tuple[Run, ...]:
 
 def _e4(b: Budget) -> tuple[Run, ...]:
     """B split as b = B/n over n workers, each on its own 1/n shard: every n sees the same
-    samples in all and makes the same number of steps per worker."""
+    samples in all and makes the same number of steps per worker. One worker gets every core
+    for its torch threads, as n workers share them between them (else n = 1 would compute on
+    one core while n ≥ 2 use them all, and the speedup would count the cores)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
     runs = []
     for n in b.e4_ns:
         batch = b.e4_batch // n
         steps_per_epoch = TRAIN_SAMPLES // n // batch
+        threads = ("--threads", str(cores)) if n == 1 else ()
         runs += [_run("E4", "gem", n, s, "gem", b, batch=batch, epochs=b.e4_epochs,
-                      steps_per_epoch=steps_per_epoch, extra=("--shard",))
+                      steps_per_epoch=steps_per_epoch, extra=("--shard", *threads))
                  for s in b.seeds]
     return tuple(runs)
 
