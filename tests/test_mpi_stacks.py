@@ -86,6 +86,8 @@ def stack_command(stack: str, n: int, args: list[str]) -> tuple[list[str], dict[
     env = {**mpi_env(), **extra}
     if not stack.startswith("openmpi"):  # Open MPI's variables mean nothing to it
         env = {k: v for k, v in env.items() if not k.startswith("OMPI_")}
+    if stack in WHEEL_STACKS:  # with MPI4PY_MPIABI set, mpi4py no longer finds the venv's libmpi
+        env.pop("MPI4PY_MPIABI", None)
     return [launcher, "-n", str(n), *options, python, *args], env
 
 
