@@ -323,6 +323,37 @@ def test_a_killed_rank_ends_the_job_and_resume_auto_finishes(slurm, tmp_path, ra
     assert run.summary["finished"] == 1.0
 
 
+def test_a_job_across_two_nodes_gets_the_cross_node_transport(slurm, tmp_path):
+    """Partition "two": two Slurm nodes on this host, each its own slurmd (Debian's Slurm is
+    built with MULTIPLE_SLURMD; tools/slurm_local.sh). srun --mpi=pmix tells Open MPI which
+    ranks share a node, so the job spans 2 nodes as on a cluster: Open MPI's default one-sided
+    component cannot make the windows there, and the run stops at start-up with one line
+    naming --mca osc pt2pt (exit 2); with pt2pt over TCP it trains, every update once."""
+    args = f"{QUAD} --max-steps 100 --verbose"
+    options = ["--partition=two", "--nodes=2", "--ntasks=3"]
+    env = job_env(tmp_path, GEM_TRAIN_ARGS=args)
+    job = sbatch(JOBS / "gem_mnist_100.sbatch", *options, env=env, cwd=tmp_path)
+    [rec] = wait(job, 120, tmp_path)
+    log = (tmp_path / f"gem_mnist_100_{job}.out").read_text()
+    assert rec["NodeList"] == "gemnode[1-2]" and rec["JobState"] == "FAILED", log
+    lines = [ln for ln in log.splitlines() if ln.startswith("gem_mpi: error:")]
+    assert len(lines) == 1 and "cannot create the one-sided windows" in lines[0], log
+    assert "--mca osc pt2pt" in lines[0]
+
+    tcp = {"OMPI_MCA_osc": "pt2pt", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,vader,tcp",
+           "OMPI_MCA_btl_tcp_if_include": "lo"}
+    env = job_env(tmp_path, GEM_TRAIN_ARGS=args, **tcp)
+    job = sbatch(JOBS / "gem_mnist_100.sbatch", *options, env=env, cwd=tmp_path)
+    [rec] = wait(job, 120, tmp_path)
+    log = (tmp_path / f"gem_mnist_100_{job}.out").read_text()
+    ended_ok(rec, log)
+    assert rec["NodeList"] == "gemnode[1-2]"
+    assert "gem_mpi: placement: 2 node(s)" in log
+    run = load_run(tmp_path / "runs" / f"gem_mnist_100_{job}.h5")
+    assert_exactly_once(run.updates["worker"], run.updates["seq"], (1, 2), 100)
+    assert run.summary["finished"] == 1.0
+
+
 def test_sync_baseline_job_trains_every_rank_a_worker(slurm, tmp_path):
     """The synchronous baseline as a batch job: 2 tasks are 2 workers (no master), the
     effective batch splits over both, the run writes its step metrics and its model. The

