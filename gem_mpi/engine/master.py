@@ -130,7 +130,7 @@ class Master:
         return outcome
 
     def loop(self) -> Verdict:
-        backoff = self.ep.idle_backoff(first=20e-6, limit=1e-3)  # makes MPI progress too
+        backoff = self.ep.idle_backoff()  # makes MPI progress too
         clock_fn = time.perf_counter
         while self.done < self.n_workers:
             verdict = self.sup.between_batches()
@@ -173,7 +173,7 @@ class Master:
             ok, stats = self.rule.apply(self.ep.theta, msg.payload, staleness)
             apply_s = clock_fn() - t
             apply_total += apply_s
-            self.ep.progress()  # workers' RMA on rank 0 moves on between updates
+            self.ep.progress.once()  # workers' RMA on rank 0 moves on between updates
             batch.append(Applied(msg.rank, msg.seq, msg.ticket, msg.version, msg.loss,
                                  msg.compute_s, ok, self.clock, staleness, apply_s,
                                  sup.since_start(t), stats))

@@ -40,6 +40,22 @@ from gem_mpi.transport.idioms import (
 from gem_mpi.transport.polling import Backoff, ProgressPoke, soft_barrier
 from gem_mpi.transport.runtime import MASTER, MPI
 
+# MPICH 4.0 moves a Put to rank 0 in pieces of about 64 KiB, one per entry into rank 0's
+# progress engine (measured: a 655 kB Put took 9 of rank 0's wake-ups with one entry each)
+AM_PIECE_BYTES = 64 * 1024
+
+
+def poke_rounds(layout: Layout) -> int:
+    """Progress-engine entries per poke of rank 0: twice the pieces of a whole payload, so
+    that a worker's post arrives in one wake-up of rank 0 even while another's does too
+    (more rounds measured faster on MPICH: 16 gave 70 upd/s, 64 gave 85, for 30 pieces);
+    capped at 1024 (0.2 ms of empty entries). One on other stacks (Open MPI lost a third of
+    its throughput with 60)."""
+    if MPI.get_vendor()[0] != "MPICH":
+        return 1
+    pieces = -(-4 * layout.payload_floats // AM_PIECE_BYTES)
+    return max(1, min(1024, 2 * pieces))
+
 
 class _Endpoint:
     """The idioms, allocated collectively in one order on every rank and freed likewise."""
@@ -48,7 +64,7 @@ class _Endpoint:
                  zero: Zero | None = None, theta_into: np.ndarray | None = None) -> None:
         self.layout = layout
         soft_barrier(comm)  # ranks arrive after uneven imports and data loading
-        self.progress = ProgressPoke(comm)
+        self.progress = ProgressPoke(comm, poke_rounds(layout))
         self.tickets = TicketCounter(comm, ticket0)
         self.stop = StopWord(comm)
         self.mailbox = Mailbox(comm, layout.n_workers, layout.payload_floats, layout.kept,
@@ -79,7 +95,13 @@ class MasterEndpoint(_Endpoint):
         self.theta_window.set(theta0, version0)
         self._open(comm)
 
-    def idle_backoff(self, first: float = 20e-6, limit: float = 1e-3) -> Backoff:
+    # rank 0's longest sleep while idle: on stacks whose RMA rank 0 serves in its progress
+    # engine (MPICH 4.0, Open MPI's osc pt2pt and ucx) every worker operation waits up to
+    # this long (1 ms before issue 21: MPICH 72 against 104 upd/s with 200 µs, docs/
+    # PERFORMANCE.md, "MPICH")
+    IDLE_LIMIT = 200e-6
+
+    def idle_backoff(self, first: float = 20e-6, limit: float = IDLE_LIMIT) -> Backoff:
         """The back-off for rank 0's idle polling: it makes MPI progress before each sleep,
         so workers' RMA on rank 0 completes on every stack (see
         :class:`~gem_mpi.transport.polling.ProgressPoke`)."""

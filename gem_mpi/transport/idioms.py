@@ -15,7 +15,15 @@ everything else, and everything without one, by numpy on the calling thread.
 
 Working configuration (Open MPI 4.1, mpi4py 4.1): 8-byte ``Compare_and_swap`` is never used
 (it crashed rank 0 on ``Allocate`` windows in Open MPI 4.1.4); every atomic is a
-``Fetch_and_op`` followed by a ``Flush``.
+``Fetch_and_op`` (as its request-based form ``Rget_accumulate``) followed by a ``Flush``
+where it changes the word.
+
+A worker waits for each of its operations on a request, sleeping between tests
+(:func:`~gem_mpi.transport.polling.complete`), never inside a blocking ``Flush`` while the
+target may not have served it: on MPICH 4.0 every operation waits for rank 0's next progress
+call, and workers spinning meanwhile took the cores from the others. The one ``Flush`` left
+per change (after the request completed) finds it done, or waits only for its
+acknowledgement.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gem_mpi.transport.polling import Backoff
+from gem_mpi.transport.polling import Backoff, complete
 from gem_mpi.transport.runtime import MASTER, MPI
 
 HEADER_BYTES = 64
@@ -43,6 +51,12 @@ def _bytes(a: np.ndarray) -> list:
 
 
 Zero = Callable[[np.ndarray], None]  # zeroes a fresh 1-D float32 array where it is streamed
+
+
+def rma_backoff() -> Backoff:
+    """A worker's sleep between tests of an RMA request: short, since rank 0 serves requests
+    within its own idle back-off (at most MasterEndpoint.IDLE_LIMIT apart)."""
+    return Backoff(first=5e-6, limit=100e-6)
 
 
 class _Window:
@@ -82,11 +96,15 @@ class _Cell(_Window):
             self.local[0] = value
         self._operand = np.zeros(1, np.int64)
         self._result = np.zeros(1, np.int64)
+        self._wait = rma_backoff()
 
     def _fetch_and_op(self, operand: int, op: MPI.Op) -> int:
+        """The word before ``op``; the change (unless NO_OP) completed at rank 0."""
         self._operand[0] = operand
-        self.win.Fetch_and_op(self._operand, self._result, MASTER, 0, op)
-        self.win.Flush(MASTER)
+        complete(self.win.Rget_accumulate(self._operand, self._result, MASTER, 0, op),
+                 self._wait)
+        if op != MPI.NO_OP:
+            self.win.Flush(MASTER)
         return int(self._result[0])
 
     def read_local(self) -> int:
@@ -162,6 +180,7 @@ class VersionedArray(_Window):
             self._again = np.zeros(HEADER_BYTES // 8, np.int64)
             self._operand = np.zeros(1, np.int64)
             self._result = np.zeros(1, np.int64)
+            self._wait = rma_backoff()
             self.retries = 0  # reads that overlapped a write and were done again
 
     # rank 0
@@ -195,12 +214,14 @@ class VersionedArray(_Window):
 
     # workers
     def _get(self, buffer: np.ndarray, offset: int, nbytes: int) -> None:
-        self.win.Get(_bytes(buffer), MASTER, (offset, nbytes, MPI.BYTE))
-        self.win.Flush(MASTER)
+        """Complete when it returns (the request of an Rget completes with its data)."""
+        complete(self.win.Rget(_bytes(buffer), MASTER, (offset, nbytes, MPI.BYTE)),
+                 self._wait)
 
     def _want(self, delta: int) -> None:
         self._operand[0] = delta
-        self.win.Fetch_and_op(self._operand, self._result, MASTER, self._WANTED, MPI.SUM)
+        complete(self.win.Rget_accumulate(self._operand, self._result, MASTER, self._WANTED,
+                                          MPI.SUM), self._wait)
         self.win.Flush(MASTER)
 
     def read(self) -> int:
@@ -300,6 +321,7 @@ class Mailbox:
                               first_touch if streams else None)
         self._one = np.zeros(1, np.int64)
         self._result = np.zeros(1, np.int64)
+        self._wait = rma_backoff()
         self.kept: np.ndarray | None = None  # rank 0: the kept part of every slot, a view
         if self._flags.is_master:
             self.flags = self._flags.memory.view(np.int64)
@@ -352,8 +374,8 @@ class Mailbox:
     # workers
     def is_free(self, slot: int) -> bool:
         self._one[0] = 0
-        self._flags.win.Fetch_and_op(self._one, self._result, MASTER, slot, MPI.NO_OP)
-        self._flags.win.Flush(MASTER)
+        complete(self._flags.win.Rget_accumulate(self._one, self._result, MASTER, slot,
+                                                 MPI.NO_OP), self._wait)
         return int(self._result[0]) == 0
 
     def post(self, slot: int, counter: TicketCounter, parts: tuple[np.ndarray, ...],
@@ -366,15 +388,18 @@ class Mailbox:
         if h["nfloats"][0] > self.payload_floats:
             raise ValueError("payload larger than the mailbox slot")
         win, disp = self._slots.win, slot * self.slot_bytes
-        win.Put(_bytes(h), MASTER, (disp, HEADER_BYTES, MPI.BYTE))
+        puts = [win.Rput(_bytes(h), MASTER, (disp, HEADER_BYTES, MPI.BYTE))]
         offset = disp + HEADER_BYTES
         for part in parts:  # buffers stay referenced by the caller until the Flush below
-            win.Put(_bytes(part), MASTER, (offset, part.nbytes, MPI.BYTE))
+            puts.append(win.Rput(_bytes(part), MASTER, (offset, part.nbytes, MPI.BYTE)))
             offset += part.nbytes
-        win.Flush(MASTER)
+        for put in puts:  # sent (not yet known to have arrived): sleeping, not spinning
+            complete(put, self._wait)
+        win.Flush(MASTER)  # arrived: only then is the message given a ticket
         ticket = counter.draw()
         self._one[0] = ticket + 1
-        self._flags.win.Fetch_and_op(self._one, self._result, MASTER, slot, MPI.REPLACE)
+        complete(self._flags.win.Rget_accumulate(self._one, self._result, MASTER, slot,
+                                                 MPI.REPLACE), self._wait)
         self._flags.win.Flush(MASTER)
         return ticket
 

@@ -51,15 +51,32 @@ class ProgressPoke:
     that never completes, posted on a private duplicate of the communicator on which nothing
     is ever sent: it can never match or disturb another message. Where workers' RMA needs
     no help (Open MPI's ``osc rdma`` over shared memory) it costs 0.2 µs a call.
+
+    ``rounds``: how many times each call enters the progress engine. MPICH 4.0 (Debian's
+    ch4:ucx) serves every RMA operation on rank 0's windows as an active message that rank 0
+    handles in its progress engine, one piece per entry: a 2 MB ``Put`` took about 30
+    entries, so with one entry per poke it took 30 of rank 0's wake-ups (measured,
+    docs/PERFORMANCE.md, "MPICH"). The endpoints pass enough rounds for a whole payload on
+    MPICH only: on Open MPI (``osc sm``) an entry with nothing to do costs 0.2 µs alone, but
+    60 per poke cut its throughput from 142 to 96 upd/s (measured side by side).
     """
 
-    def __init__(self, comm: MPI.Intracomm) -> None:
+    def __init__(self, comm: MPI.Intracomm, rounds: int = 1) -> None:
         self.comm = comm.Dup()  # collective: every rank makes one, in the same order
         self._buf = bytearray(1)
         self._request = self.comm.Irecv([self._buf, MPI.BYTE], MPI.ANY_SOURCE, 0)
+        self.rounds = max(1, rounds)
         self.calls = 0
 
     def __call__(self) -> None:
+        self.calls += 1
+        test = self._request.Test
+        for _ in range(self.rounds):
+            test()
+
+    def once(self) -> None:
+        """One entry: between the updates of a batch, where θ is being written and every
+        microsecond rank 0 spends makes a concurrent pull read again."""
         self.calls += 1
         self._request.Test()
 
@@ -68,6 +85,21 @@ class ProgressPoke:
             self._request.Cancel()
             self._request.Wait()
             self.comm.Free()
+
+
+def complete(request: MPI.Request, backoff: Backoff) -> None:
+    """Wait for an RMA request without spinning inside MPI.
+
+    A blocking ``Flush`` spins in the progress engine until the target answers; on MPICH 4.0
+    that is rank 0's next wake-up, and four workers spinning on two cores took the CPU from
+    the workers computing and from rank 0 itself (docs/PERFORMANCE.md, "MPICH"). Testing
+    the operation's request and sleeping between tests leaves the core to them. Where the
+    operation completes at once (Open MPI's ``osc sm``) the first test returns true."""
+    if request.Test():
+        return
+    backoff.reset()
+    while not request.Test():
+        backoff.wait()
 
 
 def soft_barrier(comm: MPI.Intracomm, limit: float = 10e-3) -> None:
