@@ -28,6 +28,10 @@ class _HangAfterGet:
         self._win.Flush(0)
         time.sleep(3600)
 
+    def Rget(self, *args, **kwargs):  # the request-based form the pull uses
+        self._win.Rget(*args, **kwargs).Wait()
+        time.sleep(3600)
+
 
 def read(self):
     if MPI.COMM_WORLD.Get_rank() == stuck_rank:
