@@ -95,16 +95,30 @@ py::array_t<T, py::array::c_style> as_typed(const char* fn, const char* name,
 bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::object& a_o,
               const py::object& s_o, const py::object& offsets_o, float eps, float pi_max,
               const py::object& hist_o, const py::object& sums_o, const py::object& counts_o,
-              int threads, const py::object& keep_o) {
+              int threads, const py::object& keep_o, const py::object& m_o, float mu,
+              float gain, float kappa) {
   const char* fn = "gem_step";
   F32 theta = as_vector(fn, "theta", theta_o, true);
   F32 delta = as_vector(fn, "delta", delta_o, false);
-  F32 a = as_vector(fn, "a", a_o, false);
   F32 s = as_vector(fn, "s", s_o, false);
   const py::ssize_t n = theta.size();
   check_size(fn, "delta", delta, n);
-  check_size(fn, "a", a, n);
   check_size(fn, "s", s, n);
+  // the global proxy: the master's m instead of the worker's a (exactly one of them)
+  const bool global = !m_o.is_none();
+  if (global == !a_o.is_none()) {
+    throw py::value_error("gem_step: give either a (local proxy) or m (global proxy)");
+  }
+  F32 a, m;
+  gem_mpi::GlobalProxy proxy{nullptr, mu, gain, kappa};
+  if (global) {
+    m = as_vector(fn, "m", m_o, true);
+    check_size(fn, "m", m, n);
+    proxy.m = m.mutable_data();
+  } else {
+    a = as_vector(fn, "a", a_o, false);
+    check_size(fn, "a", a, n);
+  }
   float* keep_p = nullptr;
   F32 keep;
   if (!keep_o.is_none()) {
@@ -140,9 +154,10 @@ bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::ob
   double* sums_p = sums.mutable_data();
   std::int64_t* counts_p = counts.mutable_data();
   py::gil_scoped_release nogil;
-  return gem_mpi::gem_step(theta_p, delta.data(), a.data(), s.data(), keep_p,
-                           static_cast<std::size_t>(n), off, static_cast<std::size_t>(t), eps,
-                           pi_max, hist_p, sums_p, counts_p, threads);
+  return gem_mpi::gem_step(theta_p, delta.data(), global ? nullptr : a.data(), s.data(),
+                           keep_p, static_cast<std::size_t>(n), off,
+                           static_cast<std::size_t>(t), eps, pi_max, hist_p, sums_p, counts_p,
+                           threads, global ? &proxy : nullptr);
 }
 
 bool fixed_step(const py::object& theta_o, const py::object& delta_o, float scale,
@@ -216,8 +231,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("gem_step", &gem_step, py::arg("theta"), py::arg("delta"), py::arg("a"), py::arg("s"),
         py::arg("offsets"), py::arg("eps"), py::arg("pi_max"), py::arg("hist"),
         py::arg("sums"), py::arg("counts"), py::arg("threads") = 1,
-        py::arg("keep") = py::none(),
-        R"doc(gem_step(theta, delta, a, s, offsets, eps, pi_max, hist, sums, counts, threads=1, keep=None) -> bool
+        py::arg("keep") = py::none(), py::arg("m") = py::none(), py::arg("mu") = 0.0f,
+        py::arg("gain") = 1.0f, py::arg("kappa") = 1.0f,
+        R"doc(gem_step(theta, delta, a, s, offsets, eps, pi_max, hist, sums, counts, threads=1, keep=None, m=None, mu=0, gain=1, kappa=1) -> bool
 
 One fused GEM step in place on theta (1-D float32; delta, a, s of the same size), with
 per-tensor statistics accumulated into hist (int64, (T, HIST_BINS + 2); a tensor of n
@@ -226,7 +242,10 @@ elements contributes every sample_stride(n)-th one), sums (float64, (T, 2): sum 
 pi >= pi_max), T = len(offsets) - 1.
 Returns False, writing nothing, when delta, a or s holds a NaN or Inf. theta is
 bit-identical to gem_mpi.algorithm.kernel.gem_step_numpy. keep (float32, same size, may be
-s itself): receives theta before the update. The GIL is released.)doc");
+s itself): receives theta before the update. The global proxy: a is None and m (float32,
+same size, written) is the master's first moment: m = mu*m + gain*delta and
+a = |m|*kappa are computed in the same pass, each a float32 rounding; a rejected update
+leaves m untouched too. The GIL is released.)doc");
 
   m.def("fixed_step", &fixed_step, py::arg("theta"), py::arg("delta"), py::arg("scale"),
         py::arg("threads") = 1,

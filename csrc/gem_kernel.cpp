@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #ifndef GEM_MPI_CXX_FLAGS
@@ -14,6 +15,12 @@
 #endif
 #ifndef GEM_MPI_NATIVE
 #define GEM_MPI_NATIVE 0
+#endif
+
+// No contraction of a * b + c into a fused multiply-add anywhere here: CMakeLists.txt passes
+// -ffp-contract=off (GCC has no pragma for it); Clang also gets its pragma.
+#if defined(__clang__)
+#pragma clang fp contract(off)
 #endif
 
 #if defined(__FAST_MATH__)
@@ -100,27 +107,59 @@ GEM_MPI_CLONES bool finite3_range(const float* x, const float* y, const float* z
   return acc == 0.0f;
 }
 
-bool all_finite_mt(const float* x, const float* y, const float* z, std::size_t n,
-                   int threads) {
+// The global proxy's fold, |mu * m + gain * d| * kappa, in the order a GEM worker computes
+// κ|μm + Δθ|: three float32 roundings, never a fused multiply-add (-ffp-contract=off), so
+// that with one worker (mu = μ, gain = 1) m and a are bit for bit the worker's.
+inline float fold(float m, float d, float mu, float gain) noexcept {
+  const float decayed = mu * m;
+  return decayed + gain * d;
+}
+
+// As finite3_range, for the global proxy: Δθ, s, and the a = κ|m_new| this update would make
+// (the fold is computed here and again in the step; nothing is written).
+GEM_MPI_CLONES bool finite_global_range(const float* d, const float* s, const float* m,
+                                        float mu, float gain, float kappa, std::size_t b,
+                                        std::size_t e) noexcept {
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (std::size_t i = b; i < e; ++i) {
+    const float av = std::fabs(fold(m[i], d[i], mu, gain)) * kappa;
+    acc += (d[i] * 0.0f + s[i] * 0.0f) + av * 0.0f;
+  }
+  return acc == 0.0f;
+}
+
+// Whether every range of [0, n) passes check(b, e), the ranges run on the kernel's threads.
+template <class Check>
+bool all_ranges_mt(std::size_t n, int threads, Check&& check) {
   const int t = std::max(1, threads);
   std::vector<char> ok(static_cast<std::size_t>(t), 1);
   parallel_ranges(n, t, [&](std::size_t b, std::size_t e, int w) {
-    ok[static_cast<std::size_t>(w)] = finite3_range(x, y, z, b, e) ? 1 : 0;
+    ok[static_cast<std::size_t>(w)] = check(b, e) ? 1 : 0;
   });
   return std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; });
+}
+
+bool all_finite_mt(const float* x, const float* y, const float* z, std::size_t n,
+                   int threads) {
+  return all_ranges_mt(n, threads, [&](std::size_t b, std::size_t e) {
+    return finite3_range(x, y, z, b, e);
+  });
 }
 
 // The GEM step on [b, e), all inside one tensor that starts at element `lo`. The arithmetic
 // loop is branch-free and vectorises; its float sums and clamp counts are per-block SIMD
 // reductions (lane order fixed for a given build; theta is element-wise and unaffected).
 // The histogram takes the elements lo, lo + stride, lo + 2 stride, ... of the tensor, in a
-// second loop over four sub-histograms so that repeated bins do not serialise.
-template <bool Keep>
+// second loop over four sub-histograms so that repeated bins do not serialise. Global: a is
+// not read, the proxy's m is folded and a made from it (GlobalProxy, gem_kernel.hpp).
+template <bool Keep, bool Global>
 GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const float* a,
-                                    const float* s, float* keep, std::size_t b, std::size_t e,
-                                    std::size_t lo, std::size_t stride, float eps,
-                                    float pi_max, float inv_width, std::int64_t* hist_row,
-                                    double* sums_row, std::int64_t* counts_row) {
+                                    const float* s, float* keep, GlobalProxy px,
+                                    std::size_t b, std::size_t e, std::size_t lo,
+                                    std::size_t stride, float eps, float pi_max,
+                                    float inv_width, std::int64_t* hist_row, double* sums_row,
+                                    std::int64_t* counts_row) {
   alignas(64) float pib[kBlock];
   alignas(64) std::int32_t bins[kBlock];
   std::int32_t sub[4][kHistRow] = {};
@@ -130,24 +169,33 @@ GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const floa
     const std::size_t m = std::min(kBlock, e - base);
     float* th = theta + base;
     const float* d = delta + base;
-    const float* aa = a + base;
+    const float* aa = Global ? nullptr : a + base;
     const float* ss = s + base;
     float* kp = Keep ? keep + base : nullptr;
+    float* mm = Global ? px.m + base : nullptr;
     float se_block = 0.0f, sa_block = 0.0f;  // a block's sums in float lanes, then double
     std::int32_t low_block = 0, high_block = 0;
 #pragma omp simd reduction(+ : se_block, sa_block, low_block, high_block)
     for (std::size_t k = 0; k < m; ++k) {  // the numpy reference's operations, in its order
       const float t = th[k];
       const float sv = ss[k];  // read once: keep may be s itself
+      float av;
+      if constexpr (Global) {
+        const float mv = fold(mm[k], d[k], px.mu, px.gain);
+        mm[k] = mv;
+        av = std::fabs(mv) * px.kappa;
+      } else {
+        av = aa[k];
+      }
       const float shift = std::fabs(t - sv);
       const float denom = std::fabs(d[k]) + eps;
-      const float pi = clip_like_numpy((aa[k] - shift) / denom, 0.0f, pi_max);
+      const float pi = clip_like_numpy((av - shift) / denom, 0.0f, pi_max);
       const float nt = t + pi * d[k];
       th[k] = nt;
       if constexpr (Keep) kp[k] = t;  // θ before this update: the worker's next s
       const float diff = nt - sv;
       se_block += diff * diff;
-      sa_block += aa[k] * aa[k];
+      sa_block += av * av;
       low_block += (pi > 0.0f) ? 0 : 1;
       high_block += (pi >= pi_max) ? 1 : 0;
       pib[k] = pi;
@@ -190,8 +238,15 @@ GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const floa
 bool gem_step(float* theta, const float* delta, const float* a, const float* s, float* keep,
               std::size_t n, const std::int64_t* offsets, std::size_t n_tensors, float eps,
               float pi_max, std::int64_t* hist, double* sums, std::int64_t* counts,
-              int threads) {
-  if (!all_finite_mt(delta, a, s, n, threads)) return false;
+              int threads, const GlobalProxy* proxy) {
+  const GlobalProxy px = proxy != nullptr ? *proxy : GlobalProxy{nullptr, 0.0f, 0.0f, 0.0f};
+  const bool finite =
+      proxy != nullptr
+          ? all_ranges_mt(n, threads, [&](std::size_t b, std::size_t e) {
+              return finite_global_range(delta, s, px.m, px.mu, px.gain, px.kappa, b, e);
+            })
+          : all_finite_mt(delta, a, s, n, threads);
+  if (!finite) return false;
   const float inv_width = static_cast<float>(kHistBins) / pi_max;
   const int t = std::max(1, threads);
   // per-thread statistics, merged below (thread 0 writes straight into the outputs)
@@ -212,14 +267,17 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
       if (seg_end > i) {
         const auto lo = static_cast<std::size_t>(offsets[row]);
         const std::size_t size = static_cast<std::size_t>(offsets[row + 1]) - lo;
+        auto run = [&](auto keep_c, auto global_c) {
+          gem_block_range<decltype(keep_c)::value, decltype(global_c)::value>(
+              theta, delta, a, s, keep, px, i, seg_end, lo, sample_stride(size), eps, pi_max,
+              inv_width, h + row * kHistRow, sm + row * 2, cn + row * 2);
+        };
+        using Yes = std::true_type;
+        using No = std::false_type;
         if (keep != nullptr) {
-          gem_block_range<true>(theta, delta, a, s, keep, i, seg_end, lo, sample_stride(size),
-                                eps, pi_max, inv_width, h + row * kHistRow, sm + row * 2,
-                                cn + row * 2);
+          proxy != nullptr ? run(Yes{}, Yes{}) : run(Yes{}, No{});
         } else {
-          gem_block_range<false>(theta, delta, a, s, nullptr, i, seg_end, lo,
-                                 sample_stride(size), eps, pi_max, inv_width,
-                                 h + row * kHistRow, sm + row * 2, cn + row * 2);
+          proxy != nullptr ? run(No{}, Yes{}) : run(No{}, No{});
         }
         i = seg_end;
       }

@@ -39,10 +39,25 @@ inline std::size_t sample_stride(std::size_t n) noexcept {
 // hist, sums and counts are accumulated into (the caller zeroes them). threads >= 1 splits the
 // elements into contiguous ranges; theta and hist do not depend on it, the sums' rounding
 // does (summation order).
+//
+// The global proxy (--gem-proxy global): when m is not null, a is not read; the master's own
+// first moment m is folded and a computed here, in the same pass, as a GEM worker does it:
+//   m_new = mu * m[i] ;  m_new = m_new + gain * delta[i] ;  a = |m_new| * kappa
+// each a separate float32 rounding (no FMA: the file is compiled with -ffp-contract=off, and
+// with one worker mu is the worker's μ and gain is 1, so m and a are the worker's bits).
+// The finiteness check then covers delta, s and that a (so m_new too); a rejected update
+// leaves m as well as theta untouched.
+struct GlobalProxy {
+  float* m;  // the master's first moment, n floats (read and written)
+  float mu;  // its decay per incoming update
+  float gain;  // the weight of an incoming delta
+  float kappa;
+};
+
 bool gem_step(float* theta, const float* delta, const float* a, const float* s, float* keep,
               std::size_t n, const std::int64_t* offsets, std::size_t n_tensors, float eps,
               float pi_max, std::int64_t* hist, double* sums, std::int64_t* counts,
-              int threads);
+              int threads, const GlobalProxy* proxy = nullptr);
 
 // theta[i] += scale * delta[i] (DOWNPOUR: scale 1; adaptive staleness: 1 / (tau + 1)),
 // unless delta holds a non-finite value: then nothing is written and false is returned.

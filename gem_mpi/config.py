@@ -33,6 +33,10 @@ MODELS = (*TORCH_MODELS, QUADRATIC)
 DATASETS = ("fashion-mnist", "mnist", "imagenet", "synthetic")
 SHIFT_OTHERS, SHIFT_PAPER = "others", "paper"  # GEM's two readings of the shift |θ − s|
 GEM_SHIFTS = (SHIFT_OTHERS, SHIFT_PAPER)
+# where GEM's proxy momentum m lives: each worker's own (the paper), or one at the master fed
+# by every worker's Δθ (the paper's proposed future work; docs/ARCHITECTURE.md)
+PROXY_LOCAL, PROXY_GLOBAL = "local", "global"
+GEM_PROXIES = (PROXY_LOCAL, PROXY_GLOBAL)
 # where a worker computes its next gradient: at θ pulled after its own update was applied
 # (it waits), or at θ pulled just before it commits that update (Algorithm 1's order)
 WAIT, PIPELINED = "wait", "pipelined"
@@ -103,6 +107,15 @@ class OptimConfig:
                          "takes s = θ just before the worker's previous update was applied, "
                          "as the authors' prototype code does (not Algorithm 1)",
                          check=(lambda v: v in GEM_SHIFTS, f"one of {', '.join(GEM_SHIFTS)}"))
+    gem_proxy: str = opt(PROXY_LOCAL, "where GEM's proxy momentum m lives: 'local', each "
+                         "worker's own m ← μm + Δθ of its updates, sent as κ|m| (the paper); "
+                         "'global', one m at the master that every worker's unscaled Δθ is "
+                         "folded into, m ← μ^(1/n)·m + cΔθ with c = (1 − μ^(1/n))/(1 − μ) "
+                         "for n workers, so that a round of n updates decays it like one "
+                         "proxy step and a constant Δθ builds the same |m|; workers then keep "
+                         "no m and do not send κ|m| (with one worker it is 'local' exactly); "
+                         "--method gem only, with either --gem-shift and --worker-mode",
+                         check=(lambda v: v in GEM_PROXIES, f"one of {', '.join(GEM_PROXIES)}"))
     worker_mode: str = opt(WAIT, "'wait': after each commit a worker waits until the master "
                            "has applied it, then pulls θ and computes the next update there; "
                            "'pipelined': it computes the next update at once, at the θ it "
@@ -365,6 +378,9 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         raise UsageError(f"--dataset {dataset!r} is a dataset of your own and --model {model} "
                          "is built for the built-in datasets; give a model of your own too "
                          "(--model MODULE:FUNCTION)")
+    if method != GEM and cfg.optim.gem_proxy != PROXY_LOCAL:
+        raise UsageError(f"--gem-proxy {cfg.optim.gem_proxy} is GEM's: --method {method} has "
+                         "no proxy (use --method gem)")
     if method == SYNC and cfg.optim.worker_mode != WAIT:
         raise UsageError("--worker-mode is for the asynchronous methods: --method sync has no "
                          "master to pipeline against (every step waits for every worker)")
@@ -372,6 +388,8 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         raise UsageError("--method sync trains torch models (Horovod): --model quadratic is "
                          "for the asynchronous methods only")
     _check_fields(cfg)
+    if method == GEM and cfg.optim.gem_proxy == PROXY_GLOBAL:
+        _check_global_decay(cfg.optim.momentum, n_workers(cfg, world_size))
     out = cfg.outputs
     if out.metrics:
         _writable_target(out.metrics, "--metrics")
@@ -407,6 +425,17 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
                 from gem_mpi.problem.user import check
 
                 check(cfg.data, loss, cfg.data.batch_size)
+
+
+def _check_global_decay(momentum: float, workers: int) -> None:
+    """μ^(1/n) must stay below 1 in float32, or the global m would never decay."""
+    from gem_mpi.algorithm.rule import global_decay
+
+    mu_g, gain = global_decay(momentum, workers)
+    if not (mu_g < 1 and gain > 0):
+        raise UsageError(f"--gem-proxy global with --momentum {momentum} and {workers} "
+                         f"workers: μ^(1/{workers}) rounds to {float(mu_g)!r} in float32, a "
+                         "proxy that never decays; lower --momentum or use --gem-proxy local")
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -463,11 +492,13 @@ def _node_memory() -> int | None:
 
 
 def _check_quadratic_memory(cfg: Config, world_size: int) -> None:
-    """The master holds θ and one mailbox slot per worker (Δθ, κ|m| and s for GEM)."""
+    """The master holds θ and one mailbox slot per worker (Δθ, κ|m| and s for GEM; Δθ and s
+    with the global proxy, plus its one m)."""
     n, workers = cfg.data.quadratic_dim, n_workers(cfg, world_size)
-    per_slot = 3 if cfg.method == GEM else 1
+    global_proxy = cfg.method == GEM and cfg.optim.gem_proxy == PROXY_GLOBAL
+    per_slot = (2 if global_proxy else 3) if cfg.method == GEM else 1
     # θ's window, θ₀, the problem's h and c, and numpy's float64 draws of them at the start
-    need = 4 * n * (workers * per_slot + 4) + 8 * n
+    need = 4 * n * (workers * per_slot + 4 + global_proxy) + 8 * n
     total = _node_memory()
     if total and need > total:
         raise UsageError(

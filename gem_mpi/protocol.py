@@ -12,12 +12,14 @@ it.
 An update's payload is float32, each part ``n_params`` long, in this order:
 
     GEM       Δθ, κ|m|, s     s: the θ Δθ was computed on (see gem_mpi.algorithm.rule)
+    GEM, global proxy   Δθ, s       the master keeps m and makes κ|m| itself
     others    Δθ              DOWNPOUR (π = 1), adaptive staleness (π = 1/(τ + 1))
 
 With ``--gem-shift paper`` the master *keeps* s in each worker's slot: while applying an
 update the kernel writes θ just before it into the slot's s part (the Mailbox's ``kept``
 range, which outlives the slot's release), so a worker sends s with its first update only and
-(Δθ, κ|m|) afterwards; s is the last part so that a shorter post leaves it in place.
+(Δθ, κ|m|) afterwards (Δθ alone with the global proxy); s is the last part so that a shorter
+post leaves it in place.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gem_mpi.config import GEM, SHIFT_PAPER, OptimConfig
+from gem_mpi.config import GEM, PROXY_GLOBAL, SHIFT_PAPER, OptimConfig
 
 # message kinds (a mailbox header's ``kind``)
 UPDATE = 1  # carries an update's payload
@@ -93,9 +95,12 @@ class UpdatePayload:
 
 
 def update_payload(optim: OptimConfig, n_params: int) -> UpdatePayload:
-    """(Δθ, κ|m|, s) for GEM, s kept by the master under the paper's shift; Δθ otherwise."""
+    """(Δθ, κ|m|, s) for GEM, (Δθ, s) with the global proxy (the master makes κ|m|), s kept
+    by the master under the paper's shift; Δθ otherwise."""
     if optim.method == GEM:
         kept = SHIFT_BASE if optim.gem_shift == SHIFT_PAPER else None
+        if optim.gem_proxy == PROXY_GLOBAL:
+            return UpdatePayload(n_params, (DELTA, SHIFT_BASE), kept)
         return UpdatePayload(n_params, (DELTA, AMPLITUDE, SHIFT_BASE), kept)
     return UpdatePayload(n_params, (DELTA,))
 

@@ -182,6 +182,41 @@ def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path, shift, mod
     assert np.array_equal(np.load(tmp_path / "theta.npy"), ref.theta)
 
 
+@pytest.mark.parametrize("shift, mode, crash", [("others", "wait", False),
+                                               ("paper", "pipelined", False),
+                                               ("paper", "wait", True)])
+def test_global_proxy_stop_or_crash_then_resume_is_exact(tmp_path, shift, mode, crash):
+    """--gem-proxy global: m is the master's, so every checkpoint holds it (beside θ and,
+    with paper, the kept s) and the workers keep nothing: a resume after a stop and even
+    after a killed worker replays bit for bit, every update exactly once."""
+    steps = 8000
+    args = _gem_args(tmp_path, steps, "--gem-proxy", "global", "--gem-shift", shift,
+                     "--worker-mode", mode)
+    proc = train_background(WORKERS + 1, *args)
+    if crash:
+        try:
+            wait_until(proc, _has_checkpoint(tmp_path))
+            os.kill(rank_pids(proc)[2], signal.SIGKILL)
+            proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode != 0
+    else:
+        err = signal_when(proc, _has_checkpoint(tmp_path))
+        assert proc.returncode == 3, err
+    assert not list(tmp_path.glob("momentum_w*.h5"))  # nothing of the workers' to keep
+    res = train(WORKERS + 1, *args, "--resume", "auto", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "the global proxy's m restored from the checkpoint" in res.stderr
+    u = load_run(tmp_path / "run.h5").updates
+    assert_exactly_once(u["worker"], u["seq"], range(1, WORKERS + 1), steps)
+    assert u["clock"].tolist() == list(range(WORKERS * steps))
+    ref = replay(u, Quadratic(DIM, 0), "gem", LR, momentum=0.9, pi_max=PI_MAX, shift=shift,
+                 proxy="global", n_workers=WORKERS)
+    assert np.array_equal(np.load(tmp_path / "theta.npy"), ref.theta)
+
+
 def _one_error(stderr: str) -> str:
     lines = [ln for ln in stderr.splitlines() if ln.startswith("gem_mpi: error")]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr

@@ -17,7 +17,7 @@ RECORDED = {
     "metrics", "save", "synthetic_size", "quadratic_dim", "threads", "poll_max_ms",
     "log_every", "verbose", "no_extension", "straggler", "stop_on_divergence",
     "divergence_factor", "checkpoint_dir", "checkpoint_every", "resume", "min_free_mb",
-    "worker_timeout", "gem_shift", "exit_timeout", "loss", "worker_mode",
+    "worker_timeout", "gem_shift", "exit_timeout", "loss", "worker_mode", "gem_proxy",
 }
 
 
@@ -69,3 +69,36 @@ def test_worker_modes_are_named_and_only_for_the_asynchronous_methods():
         config.validate(cfg, 5, data=False)
     cfg, _ = config.parse(["--worker-mode", "pipelined"])
     config.validate(cfg, 5, data=False)
+
+
+def test_the_global_proxy_is_gems_and_its_decay_must_decay():
+    cfg, _ = config.parse(["--gem-proxy", "both"])
+    with pytest.raises(UsageError, match="^--gem-proxy must be one of local, global"):
+        config.validate(cfg, 5, data=False)
+    for method in ("downpour", "adaptive", "sync"):
+        cfg, _ = config.parse(["--method", method, "--gem-proxy", "global"])
+        with pytest.raises(UsageError, match=f"--method {method} has no proxy"):
+            config.validate(cfg, 5, data=False)
+    for extra in ([], ["--gem-shift", "paper"], ["--worker-mode", "pipelined"]):
+        cfg, _ = config.parse(["--gem-proxy", "global", *extra])
+        config.validate(cfg, 5, data=False)
+    # μ^(1/n) that rounds to 1 in float32 would never decay
+    cfg, _ = config.parse(["--gem-proxy", "global", "--momentum", "0.99999994"])
+    config.validate(cfg, 2, data=False)  # one worker: μ itself
+    with pytest.raises(UsageError, match="never decays"):
+        config.validate(cfg, 6, data=False)
+
+
+def test_a_checkpoint_older_than_an_option_ran_with_its_default():
+    """A checkpoint's config lacks options added after it was written: it ran with their
+    defaults, so a resume with the default is the same setting and another value is not."""
+    from gem_mpi.outputs import checkpoint
+
+    old, _ = config.parse([])
+    recorded = {k: v for k, v in old.as_dict().items() if k not in ("gem_proxy", "worker_mode")}
+    state = {"n_workers": 4, "config": recorded}
+    checkpoint.check_compatible(state, old.as_dict(), 4, "c.h5")
+    assert checkpoint.changes(state, old.as_dict()) == {}
+    new, _ = config.parse(["--gem-proxy", "global"])
+    with pytest.raises(UsageError, match="--gem-proxy was 'local', now 'global'"):
+        checkpoint.check_compatible(state, new.as_dict(), 4, "c.h5")

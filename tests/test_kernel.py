@@ -392,3 +392,109 @@ def test_the_master_windows_are_first_touched_by_the_kernel(tmp_path):
     res = mpirun(1, [str(prog), str(out)], timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert json.loads(out.read_text()) == {"ok": True, "calls": 7}
+
+
+# --- the global proxy (--gem-proxy global): the master folds Δθ into its own m ----------------
+
+def _global_both(core, theta, delta, m, s, offsets, mu, gain, kappa, threads=1):
+    """The C++ and the numpy step with the global proxy, from copies of θ and m:
+    [(ok, θ, hist, sums, counts, m)] for each."""
+    t = len(offsets) - 1
+    out = []
+    for fn in ("c", "numpy"):
+        th, mm = theta.copy(), m.copy()
+        hist = np.zeros((t, gem.HIST_BINS + 2), np.int64)
+        sums, counts = np.zeros((t, 2)), np.zeros((t, 2), np.int64)
+        with np.errstate(all="ignore"):
+            if fn == "c":
+                ok = core.gem_step(th, delta, None, s, offsets, EPS, PI_MAX, hist, sums, counts,
+                                   threads, m=mm, mu=mu, gain=gain, kappa=kappa)
+            else:
+                proxy = gem.GlobalProxy(mm, np.float32(mu), np.float32(gain),
+                                        np.float32(kappa))
+                ok = gem.gem_step_numpy(th, delta, None, s, offsets, EPS, PI_MAX, hist, sums,
+                                        counts, proxy=proxy)
+        out.append((ok, th, hist, sums, counts, mm))
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 1000, 100_003])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_global_proxy_step_is_bit_identical_to_numpy(core, n, threads):
+    """θ and m bit for bit, the histogram and clamp counts exact, at the decay of 5 workers."""
+    from gem_mpi.algorithm.rule import global_decay
+
+    theta, delta, a, s = _inputs(n, seed=n + 21)
+    m = (a * 5).astype(np.float32)  # a first moment of a few Δθ's size
+    mu, gain = global_decay(0.9, 5)
+    c, ref = _global_both(core, theta, delta, m, s, _offsets(n), float(mu), float(gain), 1.5,
+                          threads)
+    assert c[0] is True
+    _assert_same(c[:5], ref[:5])
+    assert np.array_equal(c[5].view(np.uint32), ref[5].view(np.uint32))
+    assert not np.array_equal(c[5], m)  # m moved
+
+
+def test_global_fold_is_the_workers_two_roundings_never_an_fma(core):
+    """With one worker the master's m must be the worker's m = μ·m + Δθ, two float32
+    roundings. Inputs where μ·m and Δθ nearly cancel make a fused multiply-add (one
+    rounding) differ from them in most elements: the kernel must give the worker's bits."""
+    from gem_mpi.algorithm.rule import Momentum
+    from gem_mpi.config import OptimConfig
+
+    n, mu = 100_003, np.float32(0.9)
+    rng = np.random.default_rng(31)
+    m0 = rng.normal(size=n).astype(np.float32)
+    delta = (-(mu * m0) * (1 + rng.normal(size=n) * 1e-3)).astype(np.float32)
+    worker = Momentum.zeros_like(np.zeros(n, np.float32), OptimConfig(momentum=float(mu)))
+    worker.restore(m0.copy(), 0)
+    worker.fold(delta)
+    fma = (np.float64(mu) * m0.astype(np.float64) + delta).astype(np.float32)  # one rounding
+    assert np.count_nonzero(fma.view(np.uint32) != worker.m.view(np.uint32)) > n // 10
+    theta, s = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    for threads in (1, 3):
+        c, ref = _global_both(core, theta, delta, m0, s, _offsets(n), float(mu), 1.0, 1.0,
+                              threads)
+        for got in (c, ref):
+            assert got[0] is True
+            assert np.array_equal(got[5].view(np.uint32), worker.m.view(np.uint32))
+
+
+@pytest.mark.parametrize("where", ["delta", "s", "overflow"])
+def test_global_proxy_rejected_update_leaves_theta_and_m(core, where):
+    """A NaN or Inf in Δθ or s, or an a = κ|μm + cΔθ| that overflows float32 (what a worker
+    would have sent as a non-finite κ|m|): rejected whole, θ and m untouched."""
+    n = 100_003
+    theta, delta, a, s = _inputs(n, seed=41)
+    m = a.copy()
+    kappa = 1.0
+    if where == "delta":
+        delta[n - 1] = np.nan
+    elif where == "s":
+        s[n - 1] = np.inf
+    else:
+        m[n - 1], kappa = np.float32(3e38), 4.0
+    for threads in (1, 4):
+        c, ref = _global_both(core, theta, delta, m, s, _offsets(n), 0.9, 1.0, kappa, threads)
+        for got in (c, ref):
+            assert got[0] is False
+            assert np.array_equal(got[1], theta) and np.array_equal(got[5], m)
+        assert c[2].sum() == 0 and not c[3].any() and not c[4].any()
+
+
+def test_global_proxy_arguments_are_checked(core):
+    theta, delta, a, s = _inputs(101)
+    offsets = np.array([0, 40, 101], np.int64)
+    args = {"theta": theta, "delta": delta, "a": a, "s": s, "offsets": offsets, "eps": EPS,
+            "pi_max": PI_MAX, "hist": np.zeros((2, gem.HIST_BINS + 2), np.int64),
+            "sums": np.zeros((2, 2)), "counts": np.zeros((2, 2), np.int64), "threads": 1}
+    m = np.zeros(101, np.float32)
+    with pytest.raises(ValueError, match="either a"):
+        core.gem_step(**{**args, "m": m})  # a and m both
+    with pytest.raises(ValueError, match="either a"):
+        core.gem_step(**{**args, "a": None})  # neither
+    m.setflags(write=False)
+    with pytest.raises(ValueError, match="read-only"):
+        core.gem_step(**{**args, "a": None, "m": m})
+    with pytest.raises(ValueError):
+        core.gem_step(**{**args, "a": None, "m": np.zeros(100, np.float32)})

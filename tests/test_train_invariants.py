@@ -126,6 +126,71 @@ def test_pipelined_gem_workers_equal_the_replay_of_their_event_order(tmp_path, s
     assert (u["staleness"][u["seq"] > 0] >= 1).all()
 
 
+@pytest.mark.parametrize("shift, mode, kernel", [
+    ("others", "wait", "extension"), ("paper", "wait", "extension"),
+    ("others", "wait", "numpy"), ("paper", "wait", "numpy"),
+    ("others", "pipelined", "extension"), ("paper", "pipelined", "numpy")])
+def test_global_proxy_equals_the_single_process_replay(tmp_path, shift, mode, kernel):
+    """--gem-proxy global: one m at the master, every applied Δθ folded into it in clock
+    order with μ_g = μ^(1/n), c = (1 − μ_g)/(1 − μ); the replay of the run's event order
+    gives θ bit for bit in both readings of the shift, both worker orders and both kernels,
+    and the local proxy's replay of the same log does not."""
+    extra = ["--gem-proxy", "global", "--gem-shift", shift, "--worker-mode", mode,
+             *(["--no-extension"] if kernel == "numpy" else [])]
+    run, theta_final = _run(tmp_path, "gem", *extra)
+    u = _check_log(run)
+    assert run.config["gem_proxy"] == "global"
+    ref = replay(u, Quadratic(DIM, 0), "gem", LR, MU, 1.0, 5.0, 1e-16,
+                 window=len(u["worker"]) + 1, shift=shift, proxy="global", n_workers=WORKERS)
+    assert np.array_equal(theta_final, ref.theta)
+    local = replay(u, Quadratic(DIM, 0), "gem", LR, MU, 1.0, 5.0, 1e-16,
+                   window=len(u["worker"]) + 1, shift=shift)
+    assert not np.array_equal(theta_final, local.theta)
+    pi = u["pi_median"]
+    assert ((pi > 0.0) & (pi < 5.0)).any() and np.all(u["energy_proxy"] > 0)
+
+
+@pytest.mark.parametrize("shift", ["others", "paper"])
+def test_one_worker_global_proxy_is_local_gem_bit_for_bit(tmp_path, shift):
+    """With one worker μ_g = μ and c = 1: the master's m is the worker's, so θ and every
+    recorded statistic of the run are local GEM's, bit for bit."""
+    runs = {}
+    for proxy in ("local", "global"):
+        h5, out = tmp_path / f"{proxy}.h5", tmp_path / f"{proxy}.npy"
+        res = train(2, *quadratic_args("--gem-proxy", proxy, "--gem-shift", shift,
+                                       method="gem", dim=DIM, steps=STEPS, lr=LR,
+                                       momentum=MU, metrics=h5, save=out, eval_every=0))
+        assert res.returncode == 0, res.stdout + res.stderr
+        runs[proxy] = (load_run(h5).updates, np.load(out))
+    (ul, tl), (ug, tg) = runs["local"], runs["global"]
+    assert np.array_equal(tl.view(np.uint32), tg.view(np.uint32))
+    for col in ("version_pulled", "pi_median", "clamp_frac", "clamp_low", "pi_median_all",
+                "energy_central", "energy_proxy", "loss"):
+        nan = ul[col].dtype.kind == "f"
+        assert np.array_equal(ul[col], ug[col], equal_nan=nan), col
+    assert len(ul["clock"]) == STEPS and ((ug["pi_median"] > 0) & (ug["pi_median"] < 5)).any()
+
+
+def test_a_rejected_update_leaves_the_global_proxy_untouched(tmp_path):
+    """Worker 2's every 5th Δθ holds a NaN or an Inf. With the global proxy the worker keeps no
+    m, so only those are rejected; and since a rejected update touches neither θ nor the
+    master's m, the replay of the applied updates alone gives θ bit for bit."""
+    h5, out = tmp_path / "run.h5", tmp_path / "theta.npy"
+    res = mpirun(WORKERS + 1, [str(PROGS / "poison_worker.py"), "2",
+                               *quadratic_args("--gem-proxy", "global", method="gem", dim=DIM,
+                                               steps=STEPS, lr=LR, momentum=MU, metrics=h5,
+                                               save=out, eval_every=0)], timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = load_run(h5)
+    bad_seqs = list(range(4, STEPS, 5))
+    assert sorted(run.other["rejected"]["seq"].tolist()) == bad_seqs
+    u = run.updates
+    assert len(u["worker"]) == WORKERS * STEPS - len(bad_seqs)
+    ref = replay(u, Quadratic(DIM, 0), "gem", LR, MU, window=len(u["worker"]) + 1,
+                 proxy="global", n_workers=WORKERS)
+    assert np.array_equal(np.load(out), ref.theta)
+
+
 @pytest.mark.parametrize("method", ["gem", "downpour"])
 def test_poisoned_updates_are_rejected_whole_and_counted(tmp_path, method):
     h5, out = tmp_path / "run.h5", tmp_path / "theta.npy"

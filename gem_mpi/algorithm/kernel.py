@@ -14,6 +14,14 @@ computed Δθ on. With the master's current θ::
 DOWNPOUR and adaptive staleness are the same loop with π fixed to 1 and 1 / (τ + 1). An
 update holding a NaN or an Inf is rejected whole: θ is not touched.
 
+With the global proxy (``--gem-proxy global``, :class:`GlobalProxy`) the worker sends no
+``a``: the master keeps the proxy's first moment m itself and, in the same pass, folds the
+unscaled Δθ into it and takes ``a`` from it, with the float32 operations a GEM worker uses::
+
+    m ← μ_g·m + c·Δθ;   a = |m|·κ           (μ_g = μ, c = 1 with one worker: local GEM)
+
+A rejected update touches neither θ nor m (its ``a`` counts in the finiteness check).
+
 Statistics per tensor: exact counts of the clamped elements (π ≤ 0, π ≥ π_max); the sums
 of (θ_new − s)² and a² behind the energies; and a histogram of π with :data:`HIST_BINS`
 equal bins over (0, π_max) plus one bin for each clamp, from which the lower median is read.
@@ -47,10 +55,30 @@ def pi_bins(pi: np.ndarray, pi_max: float) -> np.ndarray:
     return np.where(pi > 0, np.where(pi >= np.float32(pi_max), HIST_BINS + 1, interior), 0)
 
 
+@dataclass
+class GlobalProxy:
+    """The global proxy's state at the master: its first moment m (float32, θ's size, the
+    kernel writes it) and the float32 constants of m ← mu·m + gain·Δθ, a = |m|·kappa."""
+
+    m: np.ndarray
+    mu: np.float32
+    gain: np.float32
+    kappa: np.float32
+
+    def fold(self, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(m after folding Δθ in, a = κ|m|) as new arrays; ``self.m`` untouched. The
+        worker's operations in its order (Momentum.fold), one float32 rounding each."""
+        m = self.m * self.mu
+        m += self.gain * delta
+        a = np.abs(m)
+        a *= self.kappa
+        return m, a
+
+
 def gem_step_numpy(
     theta: np.ndarray,
     delta: np.ndarray,
-    a: np.ndarray,
+    a: np.ndarray | None,
     s: np.ndarray,
     offsets: np.ndarray,
     eps: float,
@@ -59,11 +87,18 @@ def gem_step_numpy(
     sums: np.ndarray,
     counts: np.ndarray,
     keep: np.ndarray | None = None,
+    proxy: GlobalProxy | None = None,
 ) -> bool:
     """Reference GEM step, in place on θ, accumulating statistics like the kernel; ``keep``
-    (which may be ``s`` itself) receives θ before the update."""
+    (which may be ``s`` itself) receives θ before the update. With ``proxy`` (the global
+    proxy) ``a`` is None and is made from the proxy's m, which the step updates."""
+    m_new = None
+    if proxy is not None:
+        m_new, a = proxy.fold(delta)
     if not (np.isfinite(delta).all() and np.isfinite(a).all() and np.isfinite(s).all()):
         return False
+    if proxy is not None:
+        proxy.m[...] = m_new
     pi = np.abs(theta - s)
     np.subtract(a, pi, out=pi)
     pi /= np.abs(delta) + np.float32(eps)
@@ -229,20 +264,25 @@ class Kernel:
             return f"C++ extension gem_mpi._core ({self.threads} thread(s))"
         return f"numpy reference (C++ extension gem_mpi._core not used: {self.why_not})"
 
-    def gem_step(self, theta: np.ndarray, delta: np.ndarray, a: np.ndarray, s: np.ndarray,
-                 eps: float, pi_max: float, keep: np.ndarray | None = None) -> GemStats | None:
-        """One GEM step; None when the update was rejected (θ untouched). ``keep`` (may be
-        ``s``) receives θ before the update."""
+    def gem_step(self, theta: np.ndarray, delta: np.ndarray, a: np.ndarray | None,
+                 s: np.ndarray, eps: float, pi_max: float, keep: np.ndarray | None = None,
+                 proxy: GlobalProxy | None = None) -> GemStats | None:
+        """One GEM step; None when the update was rejected (θ untouched, and the proxy's m).
+        ``keep`` (may be ``s``) receives θ before the update; ``proxy``: the global proxy,
+        ``a`` None."""
         self._hist.fill(0)
         self._sums.fill(0.0)
         self._counts.fill(0)
         if self.extension is not None:
+            px = {} if proxy is None else {"m": proxy.m, "mu": float(proxy.mu),
+                                           "gain": float(proxy.gain),
+                                           "kappa": float(proxy.kappa)}
             ok = self.extension.gem_step(theta, delta, a, s, self.offsets, float(eps),
                                          float(pi_max), self._hist, self._sums, self._counts,
-                                         self.threads, keep)
+                                         self.threads, keep, **px)
         else:
             ok = gem_step_numpy(theta, delta, a, s, self.offsets, eps, pi_max, self._hist,
-                                self._sums, self._counts, keep)
+                                self._sums, self._counts, keep, proxy)
         if not ok:
             return None
         clamped = self._counts.sum(axis=1)

@@ -10,7 +10,10 @@ The GEM replay keeps each worker's m across the whole log and takes the shift |�
 against θ just before the master applies the update, in either reading of s: ``others``,
 the θ the worker pulled (the θ its update was computed at, whichever ``--worker-mode`` chose
 it: the pull is in the log), or ``paper``, θ just before the worker's previous update was
-applied (the authors' prototype; for a worker's first update, the θ it pulled).
+applied (the authors' prototype; for a worker's first update, the θ it pulled). With the
+global proxy one m runs across the whole log instead, every applied update's unscaled Δθ
+folded into it in clock order: m ← μ_g·m + c·Δθ (μ_g, c from the run's number of workers,
+:func:`gem_mpi.algorithm.rule.global_decay`), a = κ|m|.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gem_mpi.config import ADAPTIVE, GEM, SHIFT_OTHERS, SHIFT_PAPER
+from gem_mpi.algorithm.rule import global_decay
+from gem_mpi.config import ADAPTIVE, GEM, PROXY_GLOBAL, PROXY_LOCAL, SHIFT_OTHERS, SHIFT_PAPER
 from gem_mpi.problem.quadratic import Quadratic
 
 f32 = np.float32
@@ -36,10 +40,17 @@ class Replay:
 def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
            momentum: float = 0.9, kappa: float = 1.0, pi_max: float = 5.0,
            eps: float = 1e-16, keep_pi: bool = False, window: int = 1000,
-           shift: str = SHIFT_OTHERS) -> Replay:
+           shift: str = SHIFT_OTHERS, proxy: str = PROXY_LOCAL,
+           n_workers: int | None = None) -> Replay:
     """Replay the applied updates of ``log`` (columns worker, version_pulled, staleness, in
-    clock order) on ``q``. Only the last ``window`` versions of θ are kept for the pulls."""
+    clock order) on ``q``. Only the last ``window`` versions of θ are kept for the pulls.
+    ``n_workers``: the run's (the global proxy's decay depends on it; default: the workers
+    in the log)."""
     theta = q.theta0()
+    if n_workers is None:
+        n_workers = len(set(log["worker"].tolist()))
+    mu_g, gain = global_decay(momentum, n_workers)
+    m_global = np.zeros(q.dim, f32)
     versions = {0: theta}
     targets: dict[int, np.ndarray] = {}
     m: dict[int, np.ndarray] = {}
@@ -55,9 +66,14 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
         out.losses.append(0.5 * float(np.dot(q.h * diff, diff)))
         delta = f32(-lr) * (q.h * diff)
         if method == GEM:
-            m[w] = f32(momentum) * m[w] + delta
+            if proxy == PROXY_GLOBAL:
+                m_global = mu_g * m_global + gain * delta
+                a = f32(kappa) * np.abs(m_global)
+            else:
+                m[w] = f32(momentum) * m[w] + delta
+                a = f32(kappa) * np.abs(m[w])
             ref = before_own.get(w, s) if shift == SHIFT_PAPER else s
-            pi = (f32(kappa) * np.abs(m[w]) - np.abs(theta - ref)) / (np.abs(delta) + f32(eps))
+            pi = (a - np.abs(theta - ref)) / (np.abs(delta) + f32(eps))
             before_own[w] = theta
             pi = np.clip(pi, f32(0.0), f32(pi_max))
             if keep_pi:

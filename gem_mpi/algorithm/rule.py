@@ -18,6 +18,20 @@ before each update into the s part of the worker's mailbox slot, in the same pas
 worker sends s only with its first update. It costs the master 4 more bytes per element
 (36 instead of 32) and saves the worker 4 bytes per element on the wire.
 
+The global proxy (``--gem-proxy global``, the paper's proposed future work): the master keeps
+one first moment m_g for all workers and folds every incoming *unscaled* Δθ into it, in the
+kernel's pass (a proxy built from the applied π·Δθ would follow the very quantity it bounds);
+the worker keeps no m and sends (Δθ, s), or Δθ alone under the paper's shift:
+
+    master:  m_g ← μ_g·m_g + c·Δθ,   a = κ·|m_g|,   then π and θ as above
+             μ_g = μ^(1/n),   c = (1 − μ_g)/(1 − μ)          n: the run's workers
+
+GEM compares the central variable's movement over one worker's round trip, n updates, with
+one step of the proxy, so the proxy's clock ticks once per n updates: μ_g decays a round of
+them like one step of μ, and c makes a constant Δθ build the proxy's own |m| = |Δθ|/(1 − μ)
+(the round's updates are averaged into the step, not summed). With one worker μ_g = μ and
+c = 1 exactly: local GEM, bit for bit (:func:`global_decay`).
+
 DOWNPOUR (π = 1) and adaptive staleness (π = 1/(τ + 1)) send Δθ alone. An update holding a
 NaN or an Inf is rejected whole by the master's kernel. This module is the one place that
 knows the rule's formulas for the worker and the fixed π of the baselines; the payload's
@@ -33,14 +47,24 @@ from typing import Any
 
 import numpy as np
 
-from gem_mpi.algorithm.kernel import GemStats, Kernel
-from gem_mpi.config import ADAPTIVE, GEM, OptimConfig
+from gem_mpi.algorithm.kernel import GemStats, GlobalProxy, Kernel
+from gem_mpi.config import ADAPTIVE, GEM, PROXY_GLOBAL, OptimConfig
 from gem_mpi.protocol import SHIFT_BASE, update_payload
 
 
 def fixed_scale(method: str, staleness: int) -> float:
     """π of the non-GEM methods: 1 for DOWNPOUR, 1/(τ+1) for adaptive staleness."""
     return 1.0 / (staleness + 1.0) if method == ADAPTIVE else 1.0
+
+
+def global_decay(momentum: float, workers: int) -> tuple[np.float32, np.float32]:
+    """(μ_g, c) of the global proxy m_g ← μ_g·m_g + c·Δθ, in float32: μ_g = μ^(1/n), so that
+    the n updates of a round decay m_g like one proxy step, and c = (1 − μ_g)/(1 − μ), so that
+    a constant Δθ builds the proxy's |m| = |Δθ|/(1 − μ) whatever n. With one worker (μ, 1)
+    exactly, as a worker's float32 μ (the reduction to local GEM rests on it)."""
+    mu = np.float32(momentum)
+    mu_g = np.float32(float(mu) ** (1.0 / workers)) if workers > 1 else mu
+    return mu_g, np.float32((1.0 - float(mu_g)) / (1.0 - float(mu)))
 
 
 @dataclass
@@ -98,40 +122,59 @@ class WorkerRule:
     def __init__(self, optim: OptimConfig, like: Any, resumed: bool = False) -> None:
         """``like``: an array (numpy, or a torch tensor on the worker's device) of θ's size;
         ``resumed``: this worker's updates before a checkpoint were applied, so with the
-        paper's shift the master holds its s already (the checkpoint carries it)."""
-        self.momentum = Momentum.zeros_like(like, optim) if optim.method == GEM else None
+        paper's shift the master holds its s already (the checkpoint carries it). With the
+        global proxy the worker keeps no momentum: the master does."""
+        self.gem = optim.method == GEM
+        local = self.gem and optim.gem_proxy != PROXY_GLOBAL
+        self.momentum = Momentum.zeros_like(like, optim) if local else None
         self.send_s_once = update_payload(optim, 0).kept == SHIFT_BASE  # the master keeps s
         self.sent_s = resumed
 
     @property
     def sends_s(self) -> bool:
         """Whether the next payload carries s (so the caller must keep it intact till then)."""
-        return self.momentum is not None and not (self.send_s_once and self.sent_s)
+        return self.gem and not (self.send_s_once and self.sent_s)
 
     def payload(self, delta: np.ndarray, s: np.ndarray, delta_on_device: Any = None,
                 to_host: Callable[[Any], np.ndarray] = np.asarray) -> tuple[np.ndarray, ...]:
-        """(Δθ, κ|m|, s) for GEM, after folding Δθ into m; (Δθ,) otherwise. ``delta`` and
-        ``s`` are host arrays; m lives beside ``delta_on_device`` (default: ``delta``).
+        """(Δθ, κ|m|, s) for GEM, after folding Δθ into m; (Δθ, s) with the global proxy;
+        (Δθ,) otherwise. ``delta`` and ``s`` are host arrays; m lives beside
+        ``delta_on_device`` (default: ``delta``).
 
         With the paper's shift only the first update carries s (the initial pull);
         the master then keeps, in this worker's slot, θ just before each of its updates."""
-        if self.momentum is None:
+        if not self.gem:
             return (delta,)
-        a = to_host(self.momentum.fold(delta if delta_on_device is None else delta_on_device))
+        parts: tuple[np.ndarray, ...] = (delta,)
+        if self.momentum is not None:
+            parts += (to_host(self.momentum.fold(delta if delta_on_device is None
+                                                 else delta_on_device)),)
         if self.send_s_once and self.sent_s:
-            return (delta, a)
+            return parts
         self.sent_s = True
-        return (delta, a, s)
+        return (*parts, s)
 
 
 class MasterRule:
     """The master's half: reads a payload the way the worker laid it out and applies it."""
 
-    def __init__(self, optim: OptimConfig, kernel: Kernel, n_params: int) -> None:
+    def __init__(self, optim: OptimConfig, kernel: Kernel, n_params: int,
+                 n_workers: int = 1) -> None:
         self.method, self.kernel, self.n = optim.method, kernel, n_params
         self.eps, self.pi_max = optim.eps, optim.pi_max
         self.payload = update_payload(optim, n_params)
         self.keep_s = self.payload.kept == SHIFT_BASE
+        self.proxy: GlobalProxy | None = None  # the global proxy's m, at the master
+        if self.method == GEM and optim.gem_proxy == PROXY_GLOBAL:
+            m = np.empty(n_params, np.float32)
+            kernel.zero(m)  # streamed in every update: first-touched by the kernel's threads
+            self.proxy = GlobalProxy(m, *global_decay(optim.momentum, n_workers),
+                                     np.float32(optim.kappa))
+
+    @property
+    def proxy_m(self) -> np.ndarray | None:
+        """The global proxy's m (a checkpoint holds it), None with the local proxy."""
+        return None if self.proxy is None else self.proxy.m
 
     def kept(self, payloads: np.ndarray) -> np.ndarray | None:
         """The s the master keeps per worker (rows of the mailbox ``payloads``: the slots'
@@ -145,11 +188,14 @@ class MasterRule:
               staleness: int) -> tuple[bool, GemStats | None]:
         """θ ← θ + π·Δθ in place; (applied, GEM statistics or None). Not applied: θ untouched.
         Under the paper's shift the kernel writes θ before the update into the slot's kept s
-        (``payload`` is a view of the slot)."""
+        (``payload`` is a view of the slot); with the global proxy it folds Δθ into m."""
         if self.method == GEM:
-            delta, a, s = self.payload.split(payload)
+            if self.proxy is not None:
+                (delta, s), a = self.payload.split(payload), None
+            else:
+                delta, a, s = self.payload.split(payload)
             stats = self.kernel.gem_step(theta, delta, a, s, self.eps, self.pi_max,
-                                         keep=s if self.keep_s else None)
+                                         keep=s if self.keep_s else None, proxy=self.proxy)
             return stats is not None, stats
         (delta,) = self.payload.split(payload)
         ok = self.kernel.fixed_step(theta, delta, fixed_scale(self.method, staleness))

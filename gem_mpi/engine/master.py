@@ -15,7 +15,7 @@ import numpy as np
 
 from gem_mpi.algorithm.kernel import GemStats, Kernel
 from gem_mpi.algorithm.rule import MasterRule
-from gem_mpi.config import GEM, Config
+from gem_mpi.config import GEM, PROXY_GLOBAL, Config
 from gem_mpi.problem import Problem
 from gem_mpi.protocol import (
     ABORTED,
@@ -73,7 +73,7 @@ class Master:
                                  version0=resumed["clock"] if resumed else 0,
                                  ticket0=resumed["tickets"] if resumed else 0,
                                  zero=kernel.zero)  # θ and the mailboxes: first touch
-        self.rule = MasterRule(cfg.optim, kernel, problem.n_params)
+        self.rule = MasterRule(cfg.optim, kernel, problem.n_params, self.n_workers)
         self.verbose = cfg.monitor.verbose
         self.exit_timeout = cfg.monitor.exit_timeout
         self.done = 0  # workers whose budget is used up
@@ -98,7 +98,7 @@ class Master:
     def state(self) -> dict:
         return {"theta": self.ep.theta, "clock": self.clock,
                 "tickets": self.ep.tickets_drawn(), "next_seq": self.next_seq,
-                "kept_s": self.rule.kept(self.ep.payloads)}
+                "kept_s": self.rule.kept(self.ep.payloads), "proxy_m": self.rule.proxy_m}
 
     def load_state(self, state: dict) -> None:
         self.clock = int(state["clock"])
@@ -106,6 +106,9 @@ class Master:
         kept = self.rule.kept(self.ep.payloads)
         if kept is not None and state.get("kept_s") is not None:
             kept[...] = state["kept_s"]  # before any message is taken
+        proxy_m = self.rule.proxy_m
+        if proxy_m is not None:  # the global proxy's m (session checked the checkpoint has it)
+            proxy_m[...] = state["proxy_m"]
 
     def run(self) -> Outcome:
         """Serve until every worker is done or the run ends otherwise; tell the workers, and
@@ -274,6 +277,8 @@ def _momentum_note(cfg: Config, state: dict) -> str:
     """How many GEM workers will find the momentum they saved when the run was stopped."""
     if cfg.method != GEM:
         return ""
+    if cfg.optim.gem_proxy == PROXY_GLOBAL:
+        return ", the global proxy's m restored from the checkpoint"
     from gem_mpi.outputs import checkpoint
 
     directory, seqs = cfg.outputs.checkpoint_dir, state["next_seq"]

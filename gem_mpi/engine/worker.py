@@ -1,7 +1,7 @@
 """A worker rank: pull θ, compute Δθ = −η∇L(s) on its next mini-batch, commit, repeat.
 
-For GEM the worker also folds Δθ into its proxy momentum and sends the master the payload of
-:mod:`gem_mpi.protocol`. Two orders (``--worker-mode``): ``wait``, where after a commit the
+For GEM the worker also folds Δθ into its proxy momentum (with ``--gem-proxy global`` the
+master keeps it instead) and sends the master the payload of :mod:`gem_mpi.protocol`. Two orders (``--worker-mode``): ``wait``, where after a commit the
 worker waits until the master has applied it before pulling again, so its next gradient is
 taken at a θ holding its own update; and ``pipelined``, Algorithm 1's order, where it
 computes the next Δθ at once at the θ pulled just before the commit, while the master applies
@@ -240,7 +240,7 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
     split["pull"] += clock() - t_start
     stopped = False
     pipelined = cfg.optim.worker_mode == PIPELINED
-    s_copy = np.empty_like(ep.theta) if pipelined and momentum is not None else None
+    s_copy = np.empty_like(ep.theta) if pipelined and rule.gem else None
     for seq in range(start_seq, steps_fn.steps):
         t0 = clock()
         delta, loss = steps_fn(ep.theta, seq)

@@ -21,6 +21,8 @@ stopped (SIGUSR1/SIGTERM), each GEM worker writes its own file beside the checkp
 (``momentum_w<rank>.h5``, atomically), and a resume restores it where it holds exactly the
 updates the checkpoint counts for that worker. After a crash, the periodic checkpoint has
 no such files and m restarts at 0; the updates applied after the checkpoint are done again.
+With the global proxy (``--gem-proxy global``) m is the master's: every checkpoint holds it
+(``proxy_m``), so a resume continues it exactly after a stop and after a crash alike.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from gem_mpi.outputs.files import atomic_write, os_reason
 FORMAT = 2  # 2: run id and checksums
 NAME = "checkpoint_{clock:012d}.h5"
 _PATTERN = re.compile(r"checkpoint_(\d{12})\.h5$")
-ARRAYS = ("theta", "next_seq", "momentum", "kept_s")  # momentum: sync's; kept_s: GEM paper's s
+# momentum: sync's; kept_s: GEM paper's s; proxy_m: the master's m of GEM's global proxy
+ARRAYS = ("theta", "next_seq", "momentum", "kept_s", "proxy_m")
 # Settings a resume may change: η (a new learning rate after a stop is a common wish; each
 # worker's Δθ simply uses the new one) and where the data lives. Every other option of the
 # update rule and of the data must match, since the state in the checkpoint (θ, each
@@ -61,7 +64,8 @@ def _sha256(a: np.ndarray) -> str:
 
 def _write(tmp: str, theta: np.ndarray, state: dict) -> None:
     arrays = {"theta": theta, "next_seq": np.asarray(state["next_seq"], dtype=np.int64),
-              "momentum": state.get("momentum"), "kept_s": state.get("kept_s")}
+              "momentum": state.get("momentum"), "kept_s": state.get("kept_s"),
+              "proxy_m": state.get("proxy_m")}
     with h5py.File(tmp, "w") as f:
         f.attrs["gem_mpi_checkpoint"] = FORMAT
         f.attrs["run_id"] = state["run_id"]
@@ -170,15 +174,25 @@ def load(path: str) -> tuple[np.ndarray, dict]:
     return theta, state
 
 
+# Each setting's default: a checkpoint written before an option existed ran with it
+DEFAULTS = {f.name: f.default for sec in (OptimConfig, DataConfig)
+            for f in dataclasses.fields(sec)}
+
+
+def _setting(config: dict, key: str) -> object:
+    """A recorded setting; its default when the record predates the option."""
+    return config.get(key, DEFAULTS.get(key))
+
+
 def check_compatible(state: dict, config: dict, n_workers: int, path: str) -> None:
     """A checkpoint of another setting or size of job cannot be continued: say which."""
     if state["n_workers"] != n_workers:
         raise UsageError(f"--resume {path!r} was written by a run of {state['n_workers']} "
                          f"workers, this one has {n_workers}")
     for key in MUST_MATCH:
-        if state["config"].get(key) != config.get(key):
+        if _setting(state["config"], key) != config.get(key):
             raise UsageError(f"--resume {path!r}: --{key.replace('_', '-')} was "
-                             f"{state['config'].get(key)!r}, now {config.get(key)!r}; a resume "
+                             f"{_setting(state['config'], key)!r}, now {config.get(key)!r}; a resume "
                              f"may change only {', '.join('--' + k.replace('_', '-') for k in MAY_CHANGE)} "
                              "of the update rule and the data")
 
@@ -187,7 +201,8 @@ def changes(state: dict, config: dict) -> dict[str, list]:
     """The settings of the update rule and the data that this resume changes: name ->
     [before, now] (only :data:`MAY_CHANGE` can be there once check_compatible passed)."""
     before = state["config"]
-    return {k: [before.get(k), config.get(k)] for k in RECORDED if before.get(k) != config.get(k)}
+    return {k: [_setting(before, k), config.get(k)] for k in RECORDED
+            if _setting(before, k) != config.get(k)}
 
 
 def resolve(resume: str, directory: str | None) -> str | None:

@@ -93,6 +93,11 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
     if resumed is not None and resumed["theta"].size != problem.n_params:
         raise UsageError(f"--resume {resumed['path']!r} holds {resumed['theta'].size} "
                          f"parameters, this model has {problem.n_params}")
+    if (resumed is not None and cfg.method == config.GEM
+            and cfg.optim.gem_proxy == config.PROXY_GLOBAL
+            and getattr(resumed.get("proxy_m"), "shape", None) != (problem.n_params,)):
+        raise UsageError(f"--resume {resumed['path']!r} holds no global proxy m of "
+                         f"{problem.n_params} parameters (--gem-proxy global)")
     if cfg.method == config.SYNC:
         from gem_mpi.baseline.sync import run_sync
 

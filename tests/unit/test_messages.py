@@ -21,15 +21,17 @@ from gem_mpi.protocol import (
 N = 1000
 
 
-@pytest.mark.parametrize("method, shift, floats, lengths, kept", [
-    (GEM, "others", 3 * N, (3 * N,), None),
-    (GEM, "paper", 3 * N, (2 * N, 3 * N), (2 * N, 3 * N)),  # s kept in the slot: the tail
-    (DOWNPOUR, "others", N, (N,), None),
-    (ADAPTIVE, "others", N, (N,), None),
-    (DOWNPOUR, "paper", N, (N,), None),  # the shift is GEM's alone
+@pytest.mark.parametrize("method, shift, proxy, floats, lengths, kept", [
+    (GEM, "others", "local", 3 * N, (3 * N,), None),
+    (GEM, "paper", "local", 3 * N, (2 * N, 3 * N), (2 * N, 3 * N)),  # s kept: the tail
+    (GEM, "others", "global", 2 * N, (2 * N,), None),  # Δθ, s: no κ|m|
+    (GEM, "paper", "global", 2 * N, (N, 2 * N), (N, 2 * N)),  # Δθ alone after the first
+    (DOWNPOUR, "others", "local", N, (N,), None),
+    (ADAPTIVE, "others", "local", N, (N,), None),
+    (DOWNPOUR, "paper", "local", N, (N,), None),  # the shift is GEM's alone
 ])
-def test_layout_per_method(method, shift, floats, lengths, kept):
-    sizes = layout(OptimConfig(method=method, gem_shift=shift), N, 7)
+def test_layout_per_method(method, shift, proxy, floats, lengths, kept):
+    sizes = layout(OptimConfig(method=method, gem_shift=shift, gem_proxy=proxy), N, 7)
     assert (sizes.n_workers, sizes.n_params) == (7, N)
     assert sizes.payload_floats == floats
     assert sizes.update_lengths == lengths
