@@ -23,7 +23,7 @@ from gem_mpi.reproduce import experiments as ex
 from gem_mpi.reproduce import runner
 from gem_mpi.reproduce.report import _same_code
 
-EXPERIMENTS = [f"E{i}" for i in range(1, 9)]
+EXPERIMENTS = [f"E{i}" for i in range(1, 10)]
 QUICK_RUNS = len(ex.select(ex.experiments(ex.quick_budget(), "r"), EXPERIMENTS))
 
 
@@ -58,6 +58,8 @@ def test_quick_runs_write_metrics_and_records(quick):
         assert not (quick / f"{rec['name']}.ckpt").exists()  # done: checkpoints removed
     e1 = json.loads((quick / "e1-gem-paper-n002-s0.json").read_text())["command"]
     assert "--gem-shift paper" in e1
+    e9 = json.loads((quick / "e9-global-lr0.1-n002-s0.json").read_text())["command"]
+    assert "--gem-proxy global" in e9 and "--lr 0.1" in e9
     e8 = json.loads((quick / "e8-gem-n002-s0.json").read_text())
     assert e8["memory"]["peak_tree_pss_mb"] > 0  # measured by tools/memwatch.py
     assert (quick / "imagenet_synth" / "train").is_dir()
@@ -77,6 +79,11 @@ def test_report_pages_figures_and_claims(quick, tmp_path):
     # E8 draws GEM beside its proxy with the same setting, to tell GEM's failure from the setting's
     assert "| e8-msgd-n001-s0 | 0.05 | finished |" in (out / "E8.md").read_text()
     assert "| share of π clamped to 0 or π_max |" in (out / "E3.md").read_text()
+    # E9 shows its global-proxy runs beside E1's and E6's local-proxy (gem-others) runs
+    e9 = (out / "E9.md").read_text()
+    for row in ("| 0.05 (E1) | 3 | global | 1/1 |", "| 0.05 (E1) | 3 | local | 1/1 |",
+                "| 0.1 (E6) | 2 | global | 1/1 |", "| 0.1 (E6) | 2 | local | 1/1 |"):
+        assert row in e9, row
     # the runs' commits are checked against HEAD: they describe the code users get (or, run
     # from a checkout with uncommitted changes, the page says that cannot be checked)
     assert ("were made with uncommitted changes" if runner.git_state()["dirty"] else
@@ -85,12 +92,13 @@ def test_report_pages_figures_and_claims(quick, tmp_path):
     assert "momentum SGD (1 rank, the same η, μ, b): loss" in readme
     claims = readme.split("## Claims")[1].split("## Deviations")[0]
     rows = [ln for ln in claims.splitlines() if ln.startswith("| ") and "claim of" not in ln]
-    assert len(rows) == 11
+    assert len(rows) == 12
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[5].strip("*") in ("yes", "partly", "no"), row
         assert re.search(r"\d\.\d", cells[4]), row  # real numbers, from the runs
-        assert re.search(r"\d", cells[2]), row  # the paper's own numbers beside them
+        # the paper's own numbers beside them (E9's proposal has none)
+        assert re.search(r"\d", cells[2]) or cells[2].startswith("none:"), row
     assert "not run yet" not in claims
     assert "Fashion-MNIST" in readme and "the quick budget" in readme
 

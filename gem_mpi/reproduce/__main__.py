@@ -1,7 +1,7 @@
 """``python -m gem_mpi.reproduce``: run the paper's experiments, then report on them.
 
     python -m gem_mpi.reproduce --plan            # every run, its command, an estimate
-    python -m gem_mpi.reproduce all               # run E1–E8 one job at a time (resumable)
+    python -m gem_mpi.reproduce all               # run E1–E9 one job at a time (resumable)
     python -m gem_mpi.reproduce E1 E3             # only these (E3 shows E1's runs)
     python -m gem_mpi.reproduce all --seeds 0     # one seed of everything first, the rest later
     python -m gem_mpi.reproduce --report          # docs/results/ from results/*.h5
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gem_mpi.reproduce", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
-                   help="E1 … E8, or all (none with --plan: all)")
+                   help="E1 … E9, or all (none with --plan: all)")
     p.add_argument("--plan", action="store_true", help="print every run with its command "
                    "and an estimated wall time, and run nothing")
     p.add_argument("--seeds", type=int, nargs="+", metavar="SEED", help="only the runs with "
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown experiment(s) {', '.join(unknown)}: choose from "
                      f"{', '.join(exps)} or all")
     if not names and not args.report:
-        parser.error("name the experiments to run (E1 … E8 or all), or pass --plan or "
+        parser.error("name the experiments to run (E1 … E9 or all), or pass --plan or "
                      "--report")
     runs = ex.select(exps, names)
     if args.seeds is not None:

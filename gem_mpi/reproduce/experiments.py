@@ -1,9 +1,11 @@
-"""The paper's experiments E1–E8 as lists of training runs, at the full or the quick budget.
+"""The paper's experiments E1–E8, and E9 (its proposed global proxy), as lists of training
+runs, at the full or the quick budget.
 
 One place says what each experiment runs (method, workers, seeds, options), so that the
 runner, ``--plan`` and the report agree on run names and on what a missing run means. A run
 is one ``mpirun … python -m gem_mpi.train`` job; its name is its file stem under the results
-directory. E3 and E5 run nothing of their own: they are other views of E1's and E2's runs.
+directory. E3 and E5 run nothing of their own: they are other views of E1's and E2's runs
+(E9 reads E1's and E6's local-proxy runs beside its own).
 
 Defaults are the paper's MNIST setting (η 0.05, μ 0.9, b 64, κ 1, one epoch of the training
 set per worker, 3 seeds) on Fashion-MNIST; docs/results/README.md lists every deviation.
@@ -235,6 +237,19 @@ def _e8(b: Budget, data_dir: str) -> tuple[Run, ...]:
         run("E8", "msgd", 1, s, "sync", b, lr=lr, ranks=1)))
 
 
+# E9: GEM with the global proxy (--gem-proxy global, the paper's proposed future work) at E1's
+# settings (η 0.05) and E6's (η 0.1), shift `others`; the local proxy's runs to compare with
+# are those experiments' own gem-others runs, read, not repeated
+E9_SETTINGS = (("E1", 0.05), ("E6", 0.1))  # (the experiment whose settings, η)
+E9_OPTIONS = ("--gem-shift", "others", "--gem-proxy", "global")
+
+
+def _e9(b: Budget) -> tuple[Run, ...]:
+    ns = {"E1": b.e1_ns, "E6": b.e6_ns}
+    return tuple(_run("E9", f"global-lr{_fmt(lr)}", n, s, "gem", b, lr=lr, extra=E9_OPTIONS)
+                 for src, lr in E9_SETTINGS for n in ns[src] for s in b.seeds)
+
+
 def imagefolder_dir(results: str) -> str:
     return os.path.join(results, "imagenet_synth")
 
@@ -269,6 +284,12 @@ def experiments(b: Budget, results: str) -> dict[str, Experiment]:
         Experiment("E8", "AlexNet on (generated) ImageNet-like images",
                    "GEM trains AlexNet; the per-tensor median π changes over updates",
                    "figures 7, 9, 10", _e8(b, imagefolder_dir(results))),
+        Experiment("E9", "GEM with a global proxy (the paper's proposed future work)",
+                   "its conclusion proposes estimating the proxy's energy globally, at the "
+                   "master, from all workers' updates, instead of locally per worker; it "
+                   "publishes no implementation. Here: `--gem-proxy global` at E1's and E6's "
+                   "settings, against the local proxy's runs of E1 and E6",
+                   "conclusion, no figure", _e9(b), reads=("E1", "E6")),
     )}
 
 
