@@ -285,9 +285,9 @@ def experiments(b: Budget, results: str) -> dict[str, Experiment]:
                    "GEM trains AlexNet; the per-tensor median π changes over updates",
                    "figures 7, 9, 10", _e8(b, imagefolder_dir(results))),
         Experiment("E9", "GEM with a global proxy (the paper's proposed future work)",
-                   "its conclusion proposes estimating the proxy's energy globally, at the "
-                   "master, from all workers' updates, instead of locally per worker; it "
-                   "publishes no implementation. Here: `--gem-proxy global` at E1's and E6's "
+                   "estimating the proxy's energy globally, at the master, from all workers' "
+                   "updates, instead of locally per worker, is proposed as future work; no "
+                   "implementation is published. Here: `--gem-proxy global` at E1's and E6's "
                    "settings, against the local proxy's runs of E1 and E6",
                    "conclusion, no figure", _e9(b), reads=("E1", "E6")),
     )}

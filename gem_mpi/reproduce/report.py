@@ -410,10 +410,10 @@ def _e9(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     for row, (src, lr) in zip(axes, ex.E9_SETTINGS):
         proxies = {"global": [r for r in exp.runs if r.lr == lr],
                    "local": [r for r in res.exps[src].runs if r.variant == "gem-others"]}
+        row[1].sharey(row[0])  # before plotting, so that the limits cover both
         for ax, (proxy, runs) in zip(row[:2], proxies.items()):
             _curves(ax, res, group(runs, lambda r: r.n), lambda n: f"{n} workers")
             ax.set_title(f"{proxy} proxy, η = {lr:g} ({src}'s setting)")
-        row[1].sharey(row[0])
         ns = sorted({r.n for r in proxies["global"]})
         for ax, field, name in ((row[2], "final_loss", "final training loss"),
                                 (row[3], "median_pi", "median π over the run")):
