@@ -203,7 +203,8 @@ class Master:
                 if u.stats is not None:
                     s = u.stats
                     row.update(pi_median=s.pi_median, clamp_frac=s.clamp_frac,
-                               clamp_low=s.clamp_low_frac, pi_median_all=s.pi_median_all,
+                               clamp_low=s.clamp_low_frac, zero_delta=s.zero_delta_frac,
+                               pi_median_all=s.pi_median_all,
                                energy_central=s.energy_central, energy_proxy=s.energy_proxy)
                 sup.record_update(row)
             self.recent_staleness = 0.95 * self.recent_staleness + 0.05 * u.staleness

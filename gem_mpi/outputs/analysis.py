@@ -39,7 +39,7 @@ from gem_mpi.outputs.metrics import (
 # read all the same (with a note), and a column outside them is read too.
 COMMON_UPDATE_COLUMNS = [name for name, _ in UPDATE_COLUMNS]
 GEM_ONLY_COLUMNS = [name for name, _ in GEM_COLUMNS] + ["pi_median", "clamp_frac",
-                                                         "clamp_low"]
+                                                         "clamp_low", "zero_delta"]
 EVAL_COLUMN_NAMES = [name for name, _ in EVAL_COLUMNS]
 
 
@@ -547,7 +547,8 @@ def energy_ratio(run: Run) -> np.ndarray | None:
 
 def clamped_share(run: Run, column: str = "clamp_frac") -> float:
     """Share of all parameter elements whose π was clamped, averaged over updates
-    (``column``: ``clamp_frac`` at 0 or π_max; ``clamp_low`` at 0 alone)."""
+    (``column``: ``clamp_frac`` at 0 or π_max; ``clamp_low`` at 0 alone; ``zero_delta``
+    the elements with Δθ = 0, always clamped and not moved whatever π is)."""
     frac = run.col(column)
     if frac is None or frac.size == 0:
         return math.nan

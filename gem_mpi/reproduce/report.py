@@ -174,10 +174,12 @@ def _e3(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
         st = [stat(res, rs, "median_pi", finished_only=False) for rs in at]
         cut = [stat(res, rs, "clamped", finished_only=False) for rs in at]
         low = [stat(res, rs, "clamped_low", finished_only=False) for rs in at]
+        zero = [stat(res, rs, "zero_delta", finished_only=False) for rs in at]
         ax.errorbar(ns, [s.mean for s in st], yerr=[0 if math.isnan(s.sd) else s.sd
                                                     for s in st], marker="o", label=v)
-        rows += [[v, str(n), s.text(), c.text(), lo.text()]
-                 for n, s, c, lo in zip(ns, st, cut, low)]
+        high = [stat(res, rs, "clamped_high", finished_only=False) for rs in at]
+        rows += [[v, str(n), s.text(), c.text(), lo.text(), hi.text(), z.text()]
+                 for n, s, c, lo, hi, z in zip(ns, st, cut, low, high, zero)]
     ax.set(xlabel="asynchronous workers", ylabel="median π over the run",
            title="median π against n")
     ax.legend()
@@ -185,7 +187,8 @@ def _e3(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                     "seeds, smoothed) for each n, and its level over the whole run: the "
                     "paper's figure 3")
     return lines + md_table(["GEM reading", "n", "median π over all updates",
-                           "share of π clamped to 0 or π_max", "of it, clamped to 0"],
+                           "share of π clamped to 0 or π_max", "of it, clamped to 0",
+                           "clamped to π_max", "Δθ = 0 (in the clamped share)"],
                           rows)
 
 

@@ -32,9 +32,15 @@ class Numbers:
     median_pi: float  # NaN for methods without π
     clamped: float  # share of π cut to 0 or π_max (NaN for methods without π)
     clamped_low: float  # share of π cut to 0 (NaN as above, and for files before the column)
+    zero_delta: float  # share of elements with Δθ = 0, inside the clamped share (NaN as above)
     wall_s: float  # the master's training time
     job_s: float  # the whole job, start-up and resumes included (the record's)
     updates: int
+
+    @property
+    def clamped_high(self) -> float:
+        """Share of π cut to π_max."""
+        return self.clamped - self.clamped_low
 
 
 class Results:
@@ -78,6 +84,7 @@ class Results:
                        analysis.final_train_loss(d), test.loss, test.accuracy,
                        analysis.run_median_pi(d), analysis.clamped_share(d),
                        analysis.clamped_share(d, "clamp_low"),
+                       analysis.clamped_share(d, "zero_delta"),
                        analysis.wall_seconds(d),
                        float(record.get("wall_s", math.nan)), analysis.applied_updates(d))
 
