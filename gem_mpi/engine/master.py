@@ -75,6 +75,7 @@ class Master:
                                  zero=kernel.zero)  # θ and the mailboxes: first touch
         self.rule = MasterRule(cfg.optim, kernel, problem.n_params)
         self.verbose = cfg.monitor.verbose
+        self.eval_split = cfg.data.eval_split  # what the end line calls the evaluation
         self.exit_timeout = cfg.monitor.exit_timeout
         self.done = 0  # workers whose budget is used up
         self.rejected: dict[int, int] = {}  # per worker
@@ -235,8 +236,8 @@ class Master:
         if self.verbose:
             say("master time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.timers.items()))
         return (f"done: {s['updates']} updates in {s['wall_s']:.1f} s "
-                f"({s['updates'] / max(s['wall_s'], 1e-9):.1f} upd/s), test loss "
-                f"{s['test_loss']:.4f}, test accuracy {acc}{rejected}")
+                f"({s['updates'] / max(s['wall_s'], 1e-9):.1f} upd/s), {self.eval_split} loss "
+                f"{s['test_loss']:.4f}, {self.eval_split} accuracy {acc}{rejected}")
 
 
 def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
