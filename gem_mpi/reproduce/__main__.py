@@ -4,7 +4,8 @@
     python -m gem_mpi.reproduce all               # run E1–E8 one job at a time (resumable)
     python -m gem_mpi.reproduce E1 E3             # only these (E3 shows E1's runs)
     python -m gem_mpi.reproduce all --seeds 0     # one seed of everything first, the rest later
-    python -m gem_mpi.reproduce --report          # docs/results/ from results/*.h5
+    python -m gem_mpi.reproduce --report          # docs/results/ from results/mnist/*.h5
+    python -m gem_mpi.reproduce --dataset fashion-mnist --report   # the Fashion-MNIST set
     python -m gem_mpi.reproduce --quick all --report --out /tmp/r   # the harness's own test
 
 Run it again after an interruption (Ctrl-C, SIGTERM, a reboot) and it skips finished runs
@@ -38,10 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "(after running the experiments named, if any)")
     p.add_argument("--quick", action="store_true", help="tiny budgets (a few dozen steps per "
                    "worker, fewer workers and seeds), to test the harness end to end")
-    p.add_argument("--results", type=Path, help="where runs write (default results/, "
-                   "results/quick/ with --quick)")
-    p.add_argument("--out", type=Path, help="where --report writes (default docs/results/, "
-                   "<results>/report/ with --quick)")
+    p.add_argument("--dataset", choices=ex.DATASETS, default=ex.DATASETS[0],
+                   help="the paper's data (mnist, the default) or the earlier set's "
+                   "(fashion-mnist)")
+    p.add_argument("--results", type=Path, help="where runs write (default results/DATASET/, "
+                   "results/quick/DATASET/ with --quick)")
+    p.add_argument("--out", type=Path, help="where --report writes (default docs/results/ for "
+                   "mnist, docs/results/fashion-mnist/ for fashion-mnist; <results>/report/ "
+                   "with --quick)")
     p.add_argument("--lock", type=Path, help="hold an exclusive flock on this file while each "
                    "job runs (e.g. /tmp/heavy.lock), so that other heavy work waits its turn")
     p.add_argument("--heartbeat", type=float, default=60.0, help="seconds between progress "
@@ -52,9 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    budget = ex.quick_budget() if args.quick else ex.full_budget()
-    results = args.results or Path("results/quick" if args.quick else "results")
-    out = args.out or (results / "report" if args.quick else runner.REPO / "docs" / "results")
+    budget = (ex.quick_budget if args.quick else ex.full_budget)(args.dataset)
+    results = args.results or Path("results/quick" if args.quick else "results") / args.dataset
+    docs = runner.REPO / "docs" / "results"
+    out = args.out or (results / "report" if args.quick else
+                       docs if args.dataset == ex.DATASETS[0] else docs / args.dataset)
     exps = ex.experiments(budget, str(results))
     names = [e.upper() for e in args.experiments]
     if names == ["ALL"] or (args.plan and not names):

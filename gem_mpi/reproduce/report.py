@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -68,15 +69,23 @@ def _summary_rows(res: Results, groups: dict, label: Callable, pi: bool = True
     return rows
 
 
+def _band(ax, curve: tuple[np.ndarray, np.ndarray, np.ndarray], label: str, **kw) -> None:
+    """A mean curve over seeds with its spread (± one sd) shaded in the line's colour."""
+    x, y, sd = curve
+    (line,) = ax.plot(x, y, lw=1, label=label, **kw)
+    if np.isfinite(sd).any():
+        ax.fill_between(x, y - sd, y + sd, color=line.get_color(), alpha=0.2, lw=0)
+
+
 def _curves(ax, res: Results, groups: dict, label: Callable, curve=loss_curve,
             log: bool = True, ylabel: str = "training loss") -> None:
     for key, runs in groups.items():
         done = res.done(runs)
         if not done:
             continue
-        x, y = mean_curve([curve(res.data(r)) for r in done])
         k, m = diverged_count(res, runs)
-        ax.plot(x, y, lw=1, label=label(key) + (f" ({k}/{m} diverged)" if k else ""))
+        _band(ax, mean_curve([curve(res.data(r)) for r in done]),
+              label(key) + (f" ({k}/{m} diverged)" if k else ""))
     ax.set_xlabel("worker steps")
     ax.set_ylabel(ylabel)
     if log and ax.lines:
@@ -149,9 +158,9 @@ def _e2(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     for ax in (a, b):
         if ax.lines:
             ax.legend()
-    lines = _figure(out, "E2.png", fig, "GEM with many workers against momentum SGD over "
-                    "the same number of samples: the paper's figure 2 (its momentum SGD "
-                    "is figure 5's)")
+    lines = _figure(out, "E2.png", fig, "GEM with many workers, each one epoch of the "
+                    "training set: training loss and test accuracy against wall-clock time, "
+                    "the paper's figure 2")
     return lines + md_table(["run", "status", "updates (steps)", "master wall s", "updates/s",
                            "final training loss", "test accuracy", "mean staleness",
                            "peak memory (job)"], rows)
@@ -269,46 +278,87 @@ def _e4(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                            "speedup, a core per worker", "test accuracy"], rows)
 
 
-def e5_rise(res: Results, run: ex.Run) -> tuple[float, float, float] | None:
-    """(lowest validation loss, data epoch where, rise from it to the last evaluation)."""
+@dataclass(frozen=True)
+class Rise:
+    """One E5 run's validation curve, read the way the paper's figure 5 is."""
+
+    lowest: float  # the lowest validation loss
+    epoch: float  # the data epoch where it was
+    last: float  # the validation loss at the end (E5's last data epoch)
+    accuracy: float  # the validation accuracy at the end
+
+    @property
+    def rise(self) -> float:
+        return self.last - self.lowest
+
+    @property
+    def rise_share(self) -> float:
+        return self.rise / self.lowest
+
+
+def e5_rise(res: Results, run: ex.Run) -> Rise | None:
+    """The run's lowest validation loss, where, and what it was at the end."""
     d = res.data(run)
-    ev = analysis.eval_by_epoch(d, ex.TRAIN_SAMPLES) if d is not None else None
+    ev = analysis.eval_by_epoch(d, ex.E5_TRAIN) if d is not None else None
     if ev is None or not np.isfinite(ev[1]).any():
         return None
     i = int(np.nanargmin(ev[1]))
-    return float(ev[1][i]), float(ev[0][i]), float(ev[1][-1] - ev[1][i])
+    return Rise(float(ev[1][i]), float(ev[0][i]), float(ev[1][-1]), float(ev[2][-1]))
+
+
+E5_LABELS = {"gem": "GEM", "sync": "momentum SGD"}
+
+
+def e5_rises(res: Results, exp: ex.Experiment) -> dict[str, list[Rise]]:
+    """Per method (gem, sync): the done runs' rises, one per seed."""
+    out: dict[str, list[Rise]] = {m: [] for m in E5_LABELS}
+    for run in exp.runs:
+        rise = e5_rise(res, run)
+        if rise is not None:
+            out[run.method].append(rise)
+    return out
 
 
 def _e5(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     plt = analysis.pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    rises = e5_rises(res, exp)
     rows = []
-    for run in res.exps["E2"].runs:
-        label = "GEM" if run.method == "gem" else "momentum SGD"
-        d = res.data(run)
-        if d is None:
-            rows.append([label, "not run yet", "–", "–", "–", "–"])
+    for method, label in E5_LABELS.items():
+        runs = [r for r in exp.runs if r.method == method]
+        done = res.done(runs)
+        data = [res.data(r) for r in done]
+        tr = [c for c in (analysis.loss_by_epoch(d, ex.E5_TRAIN) for d in data) if c]
+        ev = [c for c in (analysis.eval_by_epoch(d, ex.E5_TRAIN) for d in data) if c]
+        if tr:
+            _band(a, mean_curve(tr), f"{label} training", ls="--")
+        if ev:
+            color = a.lines[-1].get_color() if tr else None
+            _band(a, mean_curve(ev), f"{label} validation", color=color)
+            _band(b, mean_curve([(e[0], 100 * e[2]) for e in ev]), label, color=color)
+        r = rises[method]
+        if not r:
+            rows.append([label, f"0 of {len(runs)}", *["–"] * 6])
             continue
-        tr = analysis.loss_by_epoch(d, ex.TRAIN_SAMPLES)
-        ev = analysis.eval_by_epoch(d, ex.TRAIN_SAMPLES)
-        if tr is not None:
-            ax.plot(tr[0], tr[1], marker=".", lw=1, label=f"{label} training")
-        if ev is not None:
-            ax.plot(ev[0], ev[1], lw=1, label=f"{label} validation (test split)")
-        rise = e5_rise(res, run)
-        n = res.numbers(run)
-        rows.append([label, f"{run.n} data epochs", "–" if rise is None else
-                     f"{rise[0]:.4f} at epoch {rise[1]:.1f}", _num(ev[1][-1], ".4f")
-                     if ev is not None else "–", "–" if rise is None else f"{rise[2]:+.4f}",
-                     _num(100 * n.test_accuracy, ".2f") + " %"])
-    ax.set(xlabel="data epochs", ylabel="loss", title="training and validation loss")
-    if ax.lines:
-        ax.legend()
-    lines = _figure(out, "E5.png", fig, "Training loss (mean worker mini-batch loss per data "
-                    "epoch) and validation loss (test split) for GEM and momentum SGD: the "
-                    "paper's figure 5")
-    return lines + md_table(["method", "data", "lowest validation loss", "last validation loss",
-                           "rise from the lowest", "final test accuracy"], rows)
+        st = {k: Stat(tuple(getattr(x, k) for x in r)) for k in
+              ("lowest", "epoch", "last", "rise", "rise_share", "accuracy")}
+        rows.append([label, f"{len(r)} of {len(runs)}", st["lowest"].text(".4f"),
+                     st["epoch"].text(".1f"), st["last"].text(".4f"), st["rise"].text("+.4f"),
+                     st["rise_share"].text(".1f", 100, " %"),
+                     st["accuracy"].text(".2f", 100, " %")])
+    a.set(xlabel="data epochs", ylabel="loss", yscale="log",
+          title="training and validation loss")
+    b.set(xlabel="data epochs", ylabel="validation accuracy (%)", title="validation accuracy")
+    for ax in (a, b):
+        if ax.lines:
+            ax.legend()
+    lines = _figure(out, "E5.png", fig, "Training loss (dashed: mean worker mini-batch loss "
+                    f"per data epoch of the {ex.E5_TRAIN} training images) and validation "
+                    f"loss on the {ex.E5_HOLDOUT} held out, for GEM and momentum SGD, mean "
+                    "over seeds with ± one sd shaded: the paper's figure 5")
+    return lines + md_table(["method", "runs done", "lowest validation loss",
+                           "at data epoch", "last validation loss", "rise from the lowest",
+                           "rise, share of the lowest", "last validation accuracy"], rows)
 
 
 def _e6(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
@@ -335,18 +385,23 @@ def _e6(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
 
 def _e7(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     plt = analysis.pyplot()
-    groups = group(list(exp.runs), lambda r: r.kappa)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    _curves(a, res, groups, lambda k: f"κ = {k:g}")
-    _curves(b, res, groups, lambda k: f"κ = {k:g}", curve=pi_curve, log=False,
-            ylabel="median π")
-    a.set_title("training loss")
-    b.set_title("median π")
-    lines = _figure(out, "E7.png", fig, f"GEM with κ = 1…4 at n = {exp.runs[0].n}: the "
-                    "paper's figure 8")
-    return lines + md_table(["κ", "runs done", "diverged", "final training loss",
+    by_n = group(list(exp.runs), lambda r: r.n)
+    fig, axes = plt.subplots(len(by_n), 2, figsize=(10, 3.6 * len(by_n)), squeeze=False,
+                             sharex="row", sharey="col")
+    for (a, b), (n, runs) in zip(axes, by_n.items()):
+        groups = group(runs, lambda r: r.kappa)
+        _curves(a, res, groups, lambda k: f"κ = {k:g}")
+        _curves(b, res, groups, lambda k: f"κ = {k:g}", curve=pi_curve, log=False,
+                ylabel="median π")
+        a.set_title(f"n = {n}: training loss")
+        b.set_title(f"n = {n}: median π")
+    ns = ", ".join(map(str, by_n))
+    lines = _figure(out, "E7.png", fig, f"GEM with κ = 1…4 at n = {ns} (mean over seeds, ± "
+                    "one sd shaded; the paper does not state its n): the paper's figure 8")
+    return lines + md_table(["n", "κ", "runs done", "diverged", "final training loss",
                            "test accuracy", "median π", "master wall s"],
-                          _summary_rows(res, groups, lambda k: [f"{k:g}"]))
+                          _summary_rows(res, group(list(exp.runs), lambda r: (r.n, r.kappa)),
+                                        lambda k: [str(k[0]), f"{k[1]:g}"]))
 
 
 def _e8(res: Results, exp: ex.Experiment, out: Path) -> list[str]:

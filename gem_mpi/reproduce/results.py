@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,13 +143,21 @@ def diverged_count(res: Results, runs: list[ex.Run]) -> tuple[int, int]:
     return sum(n.diverged for n in nums), len(nums)
 
 
-def mean_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """The mean over seeds of curves on the same integer x, up to the shortest one."""
+def mean_curve(curves: list[tuple[np.ndarray, ...]]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, mean, sample sd) over seeds of curves on the same x, up to the shortest one; the
+    sd is NaN where fewer than two seeds have a finite value."""
     curves = [c for c in curves if c[0].size]
     if not curves:
-        return np.zeros(0), np.zeros(0)
+        return np.zeros(0), np.zeros(0), np.zeros(0)
     k = min(c[0].size for c in curves)
-    return curves[0][0][:k], np.nanmean(np.stack([c[1][:k] for c in curves]), axis=0)
+    ys = np.stack([c[1][:k] for c in curves]).astype(np.float64)
+    finite = np.isfinite(ys).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: NaN, as meant
+        mean = np.nanmean(ys, axis=0)
+        sd = np.where(finite > 1, np.nanstd(ys, axis=0, ddof=1), np.nan)
+    return curves[0][0][:k], mean, sd
 
 
 def loss_curve(d: analysis.Run) -> tuple[np.ndarray, np.ndarray]:
