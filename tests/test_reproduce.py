@@ -77,7 +77,12 @@ def test_report_pages_figures_and_claims(quick, tmp_path):
     # E8 draws GEM beside its proxy with the same setting, to tell GEM's failure from the setting's
     assert "| e8-msgd-n001-s0 | 0.05 | finished |" in (out / "E8.md").read_text()
     assert "| share of π clamped to 0 or π_max |" in (out / "E3.md").read_text()
-    assert "| Δθ = 0 (in the clamped share) |" in (out / "E3.md").read_text()
+    e3 = (out / "E3.md").read_text()
+    assert "| Δθ = 0 (in the clamped share) |" in e3
+    # staleness as it was: τ's histogram, the workers' spread, π against τ and at the end
+    assert "## Staleness, and π at the end of a run" in e3 and "| 95th percentile of τ |" in e3
+    assert re.search(r"In \d of 2 runs the median π of the last 5% of updates", e3)
+    assert (out / "E3_staleness.png").stat().st_size > 1000
     # E5: its own runs, trained on 50 000 and validated on the 10 000 held out
     e5 = (out / "E5.md").read_text()
     assert "--holdout 10000" in e5 and "| GEM | 1 of 1 |" in e5 and "| momentum SGD | 1 of 1 |" in e5
