@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, nargs="+", metavar="SEED", help="only the runs with "
                    "these seeds (default: every seed the budget has), so that one seed of "
                    "every experiment can finish before the others start")
+    p.add_argument("--ns", type=int, nargs="+", metavar="N", help="only the runs with these "
+                   "numbers of workers (e.g. E1 at n = 5 and 10 with a core per worker: "
+                   "tools/cores_check.sh)")
     p.add_argument("--report", action="store_true", help="write the pages from the results "
                    "(after running the experiments named, if any)")
     p.add_argument("--quick", action="store_true", help="tiny budgets (a few dozen steps per "
@@ -81,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
                          f"{budget.name} budget's seeds are "
                          f"{', '.join(map(str, budget.seeds))}")
         runs = [r for r in runs if r.seed in args.seeds]
+    if args.ns is not None:
+        unknown_ns = sorted(set(args.ns) - {r.n for r in runs})
+        if unknown_ns:
+            parser.error(f"no run of {', '.join(names) or 'these experiments'} has n = "
+                         f"{', '.join(map(str, unknown_ns))}")
+        runs = [r for r in runs if r.n in args.ns]
     if args.plan:
         print(runner.plan_text(runs, results, budget.log_every))
         return 0

@@ -292,8 +292,8 @@ def _staleness(res: Results, runs: list[ex.Run], out: Path) -> list[str]:
                        f"{END_SHARE:.0%} begin")], rows)
     if rises:
         lines += ["", (f"In {sum(rises)} of {len(rises)} runs the median π of the last "
-                  f"{END_SHARE:.0%} of updates is above the rest of the run's. Each gem_mpi "
-                  "worker goes through its own shuffle of the data at its own pace, so they "
+                  f"{END_SHARE:.0%} of updates is above the rest of the run's. Where it is, "
+                  "this is why: each gem_mpi worker goes through its own shuffle of the data at its own pace, so they "
                   "finish at different times; the last updates come from fewer and fewer "
                   "workers, θ moves less between a worker's pulls (its shift falls), and π "
                   "rises towards what fewer workers need. The authors' prototype serves its "
