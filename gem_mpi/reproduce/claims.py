@@ -314,6 +314,11 @@ def _trains(n: Numbers) -> bool:
     return not n.diverged and n.final_loss < n.initial_loss
 
 
+def _classes(d) -> int:
+    """A classifier run's classes: the size of its last tensor, the output layer's bias."""
+    return int(d.tensor_sizes[-1])
+
+
 def _alexnet(res: Results) -> Verdict | None:
     runs = list(res.exps["E8"].runs)
     texts, gem_trains, proxy_trains, proxy_fails = [], [], [], []
@@ -323,9 +328,13 @@ def _alexnet(res: Results) -> Verdict | None:
         if not res.done([gem]):
             continue
         n = res.numbers(gem)
+        classes = _classes(res.data(gem))
+        chance = math.log(classes)
         text = (f"η = {lr:g}: {gem.workers} workers, b = {gem.batch}: {n.updates} updates, "
                 f"training loss {n.initial_loss:.3f} → {n.final_loss:.3f}"
-                + (", diverged" if n.diverged else "") + f", median π {n.median_pi:.3f}")
+                + (", diverged" if n.diverged else
+                   f" ({n.final_loss / chance:.0%} of the loss at chance, ln {classes} = "
+                   f"{chance:.2f})") + f", median π {n.median_pi:.3f}")
         if _trains(n):
             gem_trains.append(lr)
         if res.done(proxy):
@@ -483,6 +492,7 @@ def deviations(res: Results, budget: ex.Budget) -> list[list[str]]:
 
 
 def readme(res: Results, budget: ex.Budget) -> str:
+    flag = "" if budget.dataset == ex.DATASETS[0] else f" --dataset {budget.dataset}"
     every = [r for e in res.exps.values() for r in e.runs]
     done = res.done(every)
     lines = [
@@ -491,11 +501,15 @@ def readme(res: Results, budget: ex.Budget) -> str:
         "code, with the paper's settings where this machine allows (deviations below). "
         "Made by `python -m gem_mpi.reproduce`:"), "",
         "```bash",
-        "python -m gem_mpi.reproduce --plan      # every run, its command and an estimate",
-        "python -m gem_mpi.reproduce all         # run (resumable: run it again to continue)",
-        "python -m gem_mpi.reproduce all --seeds 0   # or one seed of everything first",
-        "python -m gem_mpi.reproduce --report    # these pages, from results/*.h5",
+        f"python -m gem_mpi.reproduce{flag} --plan      # every run, its command and an estimate",
+        f"python -m gem_mpi.reproduce{flag} all         # run (resumable: run it again to continue)",
+        f"python -m gem_mpi.reproduce{flag} all --seeds 0   # or one seed of everything first",
+        (f"python -m gem_mpi.reproduce{flag} --report    # these pages, from "
+        f"results/{budget.dataset}/*.h5"),
         "```", "",
+        (f"Dataset: **{budget.dataset}**" + (" (the paper's; the first set, on Fashion-MNIST, "
+         "is in [fashion-mnist/](fashion-mnist/README.md))" if budget.dataset == "mnist" else
+         "") + "."), "",
         f"**{len(done)} of {len(every)} runs done**"
         + (f" (budget: {budget.name})" if budget.name != "full" else "") + ". Verdicts are "
         "computed from the runs by the rule in each row; \"not run yet\" means no run of "
