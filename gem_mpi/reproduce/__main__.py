@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if runs:
         rc = runner.Harness(results, budget, args.lock, heartbeat_s=args.heartbeat).run(runs)
     if args.report and rc != runner.EXIT_STOPPED:
-        res = Results(results, exps)
+        res = Results(results, exps, budget)
         pages = report.write_pages(res, budget, out)
         readme = claims.write_readme(res, budget, out)
         print(f"reproduce: wrote {readme} and {len(pages)} pages in {out}", flush=True)

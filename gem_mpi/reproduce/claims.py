@@ -314,11 +314,6 @@ def _trains(n: Numbers) -> bool:
     return not n.diverged and n.final_loss < n.initial_loss
 
 
-def _classes(d) -> int:
-    """A classifier run's classes: the size of its last tensor, the output layer's bias."""
-    return int(d.tensor_sizes[-1])
-
-
 def _alexnet(res: Results) -> Verdict | None:
     runs = list(res.exps["E8"].runs)
     texts, gem_trains, proxy_trains, proxy_fails = [], [], [], []
@@ -328,12 +323,12 @@ def _alexnet(res: Results) -> Verdict | None:
         if not res.done([gem]):
             continue
         n = res.numbers(gem)
-        classes = _classes(res.data(gem))
+        classes = res.budget.e8_folder.classes  # of the images: a loss at chance is ln of it
         chance = math.log(classes)
         text = (f"η = {lr:g}: {gem.workers} workers, b = {gem.batch}: {n.updates} updates, "
                 f"training loss {n.initial_loss:.3f} → {n.final_loss:.3f}"
                 + (", diverged" if n.diverged else
-                   f" ({n.final_loss / chance:.0%} of the loss at chance, ln {classes} = "
+                   f" (at chance over the {classes} classes it would be ln {classes} = "
                    f"{chance:.2f})") + f", median π {n.median_pi:.3f}")
         if _trains(n):
             gem_trains.append(lr)

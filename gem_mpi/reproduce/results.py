@@ -47,8 +47,9 @@ class Numbers:
 class Results:
     """The runs of a results directory, loaded once each."""
 
-    def __init__(self, results: Path, exps: dict[str, ex.Experiment]) -> None:
-        self.dir, self.exps = results, exps
+    def __init__(self, results: Path, exps: dict[str, ex.Experiment],
+                 budget: ex.Budget) -> None:
+        self.dir, self.exps, self.budget = results, exps, budget
         self._runs: dict[str, analysis.Run | None] = {}
 
     def paths(self, run: ex.Run) -> runner.Paths:
