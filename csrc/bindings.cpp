@@ -142,9 +142,11 @@ bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::ob
   if (hist.shape(0) != t || hist.shape(1) != gem_mpi::kHistRow) {
     throw py::value_error("gem_step: hist must have shape (n_tensors, HIST_BINS + 2)");
   }
-  if (sums.shape(0) != t || sums.shape(1) != 2 || counts.shape(0) != t ||
-      counts.shape(1) != 2) {
-    throw py::value_error("gem_step: sums and counts must have shape (n_tensors, 2)");
+  if (sums.shape(0) != t || sums.shape(1) != 2) {
+    throw py::value_error("gem_step: sums must have shape (n_tensors, 2)");
+  }
+  if (counts.shape(0) != t || counts.shape(1) != gem_mpi::kCounts) {
+    throw py::value_error("gem_step: counts must have shape (n_tensors, COUNTS)");
   }
   if (!(pi_max > 0.0f) || !(eps > 0.0f) || threads < 1) {
     throw py::value_error("gem_step: needs pi_max > 0, eps > 0 and threads >= 1");
@@ -227,6 +229,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.attr("HIST_BINS") = gem_mpi::kHistBins;
   m.attr("HIST_SAMPLE") = static_cast<int>(gem_mpi::kHistSample);
+  m.attr("COUNTS") = gem_mpi::kCounts;
 
   m.def("gem_step", &gem_step, py::arg("theta"), py::arg("delta"), py::arg("a"), py::arg("s"),
         py::arg("offsets"), py::arg("eps"), py::arg("pi_max"), py::arg("hist"),
@@ -238,8 +241,8 @@ PYBIND11_MODULE(_core, m) {
 One fused GEM step in place on theta (1-D float32; delta, a, s of the same size), with
 per-tensor statistics accumulated into hist (int64, (T, HIST_BINS + 2); a tensor of n
 elements contributes every sample_stride(n)-th one), sums (float64, (T, 2): sum of
-(theta_new - s)^2 and of a^2) and counts (int64, (T, 2): elements with pi <= 0 and with
-pi >= pi_max), T = len(offsets) - 1.
+(theta_new - s)^2 and of a^2) and counts (int64, (T, COUNTS): elements with pi <= 0, with
+pi >= pi_max and with delta == 0), T = len(offsets) - 1.
 Returns False, writing nothing, when delta, a or s holds a NaN or Inf. theta is
 bit-identical to gem_mpi.algorithm.kernel.gem_step_numpy. keep (float32, same size, may be
 s itself): receives theta before the update. The global proxy: a is None and m (float32,

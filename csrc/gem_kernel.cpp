@@ -164,7 +164,7 @@ GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const floa
   alignas(64) std::int32_t bins[kBlock];
   std::int32_t sub[4][kHistRow] = {};
   double se = 0.0, sa = 0.0;
-  std::int64_t n_low = 0, n_high = 0;
+  std::int64_t n_low = 0, n_high = 0, n_zero = 0;
   for (std::size_t base = b; base < e; base += kBlock) {
     const std::size_t m = std::min(kBlock, e - base);
     float* th = theta + base;
@@ -174,8 +174,8 @@ GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const floa
     float* kp = Keep ? keep + base : nullptr;
     float* mm = Global ? px.m + base : nullptr;
     float se_block = 0.0f, sa_block = 0.0f;  // a block's sums in float lanes, then double
-    std::int32_t low_block = 0, high_block = 0;
-#pragma omp simd reduction(+ : se_block, sa_block, low_block, high_block)
+    std::int32_t low_block = 0, high_block = 0, zero_block = 0;
+#pragma omp simd reduction(+ : se_block, sa_block, low_block, high_block, zero_block)
     for (std::size_t k = 0; k < m; ++k) {  // the numpy reference's operations, in its order
       const float t = th[k];
       const float sv = ss[k];  // read once: keep may be s itself
@@ -198,12 +198,14 @@ GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const floa
       sa_block += av * av;
       low_block += (pi > 0.0f) ? 0 : 1;
       high_block += (pi >= pi_max) ? 1 : 0;
+      zero_block += (d[k] == 0.0f) ? 1 : 0;
       pib[k] = pi;
     }
     se += static_cast<double>(se_block);
     sa += static_cast<double>(sa_block);
     n_low += low_block;
     n_high += high_block;
+    n_zero += zero_block;
     // first sampled element at or after base
     std::size_t k = (stride - (base - lo) % stride) % stride;
     // bins of the whole block, branch-free and vectorised; then the (sampled) increments
@@ -230,6 +232,7 @@ GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const floa
   sums_row[1] += sa;
   counts_row[0] += n_low;
   counts_row[1] += n_high;
+  counts_row[2] += n_zero;
 }
 
 }  // namespace
@@ -252,11 +255,11 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
   // per-thread statistics, merged below (thread 0 writes straight into the outputs)
   std::vector<std::int64_t> hist_local(static_cast<std::size_t>(t - 1) * n_tensors * kHistRow);
   std::vector<double> sums_local(static_cast<std::size_t>(t - 1) * n_tensors * 2);
-  std::vector<std::int64_t> counts_local(static_cast<std::size_t>(t - 1) * n_tensors * 2);
+  std::vector<std::int64_t> counts_local(static_cast<std::size_t>(t - 1) * n_tensors * kCounts);
   parallel_ranges(n, t, [&](std::size_t b, std::size_t e, int w) {
     std::int64_t* h = w == 0 ? hist : hist_local.data() + (w - 1) * n_tensors * kHistRow;
     double* sm = w == 0 ? sums : sums_local.data() + (w - 1) * n_tensors * 2;
-    std::int64_t* cn = w == 0 ? counts : counts_local.data() + (w - 1) * n_tensors * 2;
+    std::int64_t* cn = w == 0 ? counts : counts_local.data() + (w - 1) * n_tensors * kCounts;
     // the tensor holding element b
     std::size_t row = static_cast<std::size_t>(
         std::upper_bound(offsets, offsets + n_tensors + 1, static_cast<std::int64_t>(b)) -
@@ -270,7 +273,7 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
         auto run = [&](auto keep_c, auto global_c) {
           gem_block_range<decltype(keep_c)::value, decltype(global_c)::value>(
               theta, delta, a, s, keep, px, i, seg_end, lo, sample_stride(size), eps, pi_max,
-              inv_width, h + row * kHistRow, sm + row * 2, cn + row * 2);
+              inv_width, h + row * kHistRow, sm + row * 2, cn + row * kCounts);
         };
         using Yes = std::true_type;
         using No = std::false_type;
@@ -287,10 +290,10 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
   for (int w = 1; w < t; ++w) {
     const std::int64_t* h = hist_local.data() + (w - 1) * n_tensors * kHistRow;
     const double* sm = sums_local.data() + (w - 1) * n_tensors * 2;
-    const std::int64_t* cn = counts_local.data() + (w - 1) * n_tensors * 2;
+    const std::int64_t* cn = counts_local.data() + (w - 1) * n_tensors * kCounts;
     for (std::size_t k = 0; k < n_tensors * kHistRow; ++k) hist[k] += h[k];
     for (std::size_t k = 0; k < n_tensors * 2; ++k) sums[k] += sm[k];
-    for (std::size_t k = 0; k < n_tensors * 2; ++k) counts[k] += cn[k];
+    for (std::size_t k = 0; k < n_tensors * kCounts; ++k) counts[k] += cn[k];
   }
   return true;
 }

@@ -17,6 +17,10 @@ namespace gem_mpi {
 constexpr int kHistBins = 512;
 constexpr int kHistRow = kHistBins + 2;
 
+// Per-tensor counts: [0] pi <= 0, [1] pi >= pi_max, [2] delta == 0 (an element that does not
+// move whatever pi is: its pi is (a - shift) / eps, clamped, and says nothing of the rule).
+constexpr int kCounts = 3;
+
 // The histogram of a tensor of n elements takes every sample_stride(n)-th element: all of
 // them up to kHistSample elements, else between kHistSample / 2 and kHistSample evenly
 // spaced ones. Increments are the kernel's costliest part; the clamp counts stay exact.
@@ -33,7 +37,8 @@ inline std::size_t sample_stride(std::size_t n) noexcept {
 //   hist[t * kHistRow + bin(pi)] += 1          for the sampled elements (sample_stride)
 //   sums[2 t] += (theta_new[i] - s[i])^2 ;  sums[2 t + 1] += a[i]^2   (float32 squares,
 //   summed in float within blocks of 1024 elements, then in double)
-//   counts[2 t] += (pi <= 0) ;  counts[2 t + 1] += (pi >= pi_max)   (exact clamp counts)
+//   counts[3 t] += (pi <= 0) ;  counts[3 t + 1] += (pi >= pi_max) ;  counts[3 t + 2] +=
+//   (delta[i] == 0)   (exact counts)
 //   keep[i] = theta[i] before the update, when keep is not null (it may be s itself: the
 //   paper's reading of the shift, where a worker's next s is θ just before this update)
 // hist, sums and counts are accumulated into (the caller zeroes them). threads >= 1 splits the

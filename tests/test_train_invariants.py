@@ -164,8 +164,8 @@ def test_one_worker_global_proxy_is_local_gem_bit_for_bit(tmp_path, shift):
         runs[proxy] = (load_run(h5).updates, np.load(out))
     (ul, tl), (ug, tg) = runs["local"], runs["global"]
     assert np.array_equal(tl.view(np.uint32), tg.view(np.uint32))
-    for col in ("version_pulled", "pi_median", "clamp_frac", "clamp_low", "pi_median_all",
-                "energy_central", "energy_proxy", "loss"):
+    for col in ("version_pulled", "pi_median", "clamp_frac", "clamp_low", "zero_delta",
+                "pi_median_all", "energy_central", "energy_proxy", "loss"):
         nan = ul[col].dtype.kind == "f"
         assert np.array_equal(ul[col], ug[col], equal_nan=nan), col
     assert len(ul["clock"]) == STEPS and ((ug["pi_median"] > 0) & (ug["pi_median"] < 5)).any()

@@ -152,12 +152,11 @@ def fig_pi_heatmap(run: an.Run, plt: Any, out: Outcome) -> Any:
 
 def fig_staleness(run: an.Run, plt: Any, out: Outcome) -> Any:
     """Staleness histogram, its mean beside the n − 1 that theory expects."""
-    st = an.staleness(run)
-    if st is None:
+    st, shares = an.staleness(run), an.staleness_shares(run)
+    if st is None or shares is None:
         return "no staleness column (a synchronous run has none)"
-    counts = np.bincount(np.maximum(run.col("staleness"), 0).astype(np.int64))
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
-    ax.bar(np.arange(counts.size), counts, width=0.9, color="C0", alpha=0.8)
+    ax.bar(shares[0], shares[1] * run.col("staleness").size, width=0.9, color="C0", alpha=0.8)
     ax.axvline(st.mean, color="C3", linewidth=1.5, label=f"mean {st.mean:.2f}")
     ax.axvline(st.theory, color="k", linestyle="--", linewidth=1.2,
                label=f"theory n − 1 = {st.theory}")

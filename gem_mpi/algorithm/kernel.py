@@ -22,7 +22,9 @@ unscaled Δθ into it and takes ``a`` from it, with the float32 operations a GEM
 
 A rejected update touches neither θ nor m (its ``a`` counts in the finiteness check).
 
-Statistics per tensor: exact counts of the clamped elements (π ≤ 0, π ≥ π_max); the sums
+Statistics per tensor: exact counts of the clamped elements (π ≤ 0, π ≥ π_max) and of the
+elements with Δθ = 0 (they do not move whatever π is, and their π, (a − |θ − s|)/ε, is
+always clamped: counted apart so that the clamp shares can be read without them); the sums
 of (θ_new − s)² and a² behind the energies; and a histogram of π with :data:`HIST_BINS`
 equal bins over (0, π_max) plus one bin for each clamp, from which the lower median is read.
 For tensors of up to HIST_SAMPLE = 8192 elements the histogram holds every element and the
@@ -41,6 +43,7 @@ import numpy as np
 
 HIST_BINS = 512  # must equal _core.HIST_BINS (checked when the extension loads)
 HIST_SAMPLE = 8192  # must equal _core.HIST_SAMPLE
+COUNTS = 3  # per tensor: π ≤ 0, π ≥ π_max, Δθ = 0; must equal _core.COUNTS
 
 
 def sample_stride(n: int) -> int:
@@ -119,6 +122,7 @@ def gem_step_numpy(
         sums[t, 1] += np.sum(a2[lo:hi], dtype=np.float64)
         counts[t, 0] += np.count_nonzero(bins[lo:hi] == 0)
         counts[t, 1] += np.count_nonzero(bins[lo:hi] == HIST_BINS + 1)
+        counts[t, 2] += np.count_nonzero(delta[lo:hi] == 0)
     return True
 
 
@@ -190,6 +194,7 @@ class GemStats:
     pi_median: np.ndarray  # per tensor: lower median, to within π_max / HIST_BINS
     clamp_frac: np.ndarray  # per tensor: share of elements where π hit 0 or π_max
     clamp_low_frac: np.ndarray  # per tensor: share of elements where π hit 0
+    zero_delta_frac: np.ndarray  # per tensor: share of elements with Δθ = 0 (always clamped)
     pi_median_all: float  # over all parameters: pooled_median
     energy_central: float  # ½‖θ_new − s‖²: the central variable's kinetic energy seen by w
     energy_proxy: float  # ½‖κ m‖²: the (amplified) proxy energy GEM matches
@@ -234,7 +239,8 @@ def load_extension() -> tuple[object | None, str]:
         if getattr(exc, "name", None) == "gem_mpi._core":
             return None, "not built; pip install . builds it"
         return None, f"built but does not load: {exc}"
-    for name, want in (("HIST_BINS", HIST_BINS), ("HIST_SAMPLE", HIST_SAMPLE)):
+    for name, want in (("HIST_BINS", HIST_BINS), ("HIST_SAMPLE", HIST_SAMPLE),
+                       ("COUNTS", COUNTS)):
         got = getattr(_core, name, None)
         if got != want:
             return None, f"stale build ({name} {got}, expected {want}); rebuild with pip install ."
@@ -256,7 +262,7 @@ class Kernel:
         n_tensors = len(self.offsets) - 1
         self._hist = np.zeros((n_tensors, HIST_BINS + 2), dtype=np.int64)
         self._sums = np.zeros((n_tensors, 2), dtype=np.float64)
-        self._counts = np.zeros((n_tensors, 2), dtype=np.int64)
+        self._counts = np.zeros((n_tensors, COUNTS), dtype=np.int64)
 
     @property
     def name(self) -> str:
@@ -285,12 +291,13 @@ class Kernel:
                                 self._sums, self._counts, keep, proxy)
         if not ok:
             return None
-        clamped = self._counts.sum(axis=1)
+        clamped = self._counts[:, :2].sum(axis=1)
         size = np.maximum(self.sizes, 1)
         return GemStats(
             pi_median=hist_median(self._hist, pi_max),
             clamp_frac=(clamped / size).astype(np.float32),
             clamp_low_frac=(self._counts[:, 0] / size).astype(np.float32),
+            zero_delta_frac=(self._counts[:, 2] / size).astype(np.float32),
             pi_median_all=pooled_median(self._hist, self.sizes, pi_max),
             energy_central=0.5 * float(self._sums[:, 0].sum()),
             energy_proxy=0.5 * float(self._sums[:, 1].sum()),

@@ -305,4 +305,5 @@ class SyncRun:
         acc = "n/a" if np.isnan(s["test_accuracy"]) else f"{100 * s['test_accuracy']:.2f} %"
         return (f"done: {s['updates']} synchronous steps of {self.n} workers in "
                 f"{s['wall_s']:.1f} s ({s['updates'] / max(s['wall_s'] - sup.elapsed0, 1e-9):.2f}"
-                f" steps/s), test loss {s['test_loss']:.4f}, test accuracy {acc}")
+                f" steps/s), {self.cfg.data.eval_split} loss {s['test_loss']:.4f}, "
+                f"{self.cfg.data.eval_split} accuracy {acc}")

@@ -78,7 +78,7 @@ def _reference(theta, delta, a, s, offsets, eps, pi_max) -> tuple[np.ndarray, ..
     """(θ, hist, sums, counts) after one numpy reference step from copies of the inputs."""
     n_tensors = len(offsets) - 1
     out = (theta.copy(), np.zeros((n_tensors, gem.HIST_BINS + 2), np.int64),
-           np.zeros((n_tensors, 2)), np.zeros((n_tensors, 2), np.int64))
+           np.zeros((n_tensors, 2)), np.zeros((n_tensors, gem.COUNTS), np.int64))
     if not gem.gem_step_numpy(out[0], delta, a, s, offsets, eps, pi_max, *out[1:]):
         raise AssertionError("the reference rejected finite inputs")
     return out
@@ -95,7 +95,7 @@ def _check_fused(core, ref, theta, delta, a, s, offsets, eps, pi_max, threads) -
         return (f"θ is not bit-identical: {differ} element(s) differ, by up to "
                 f"{np.max(np.abs(got[0] - ref[0])):.3g}")
     if not (np.array_equal(got[1], ref[1]) and np.array_equal(got[3], ref[3])):
-        return "θ is bit-identical but the π histogram or the clamp counts differ"
+        return "θ is bit-identical but the π histogram or the clamp or Δθ = 0 counts differ"
     return ""
 
 

@@ -75,6 +75,7 @@ class Master:
                                  zero=kernel.zero)  # θ and the mailboxes: first touch
         self.rule = MasterRule(cfg.optim, kernel, problem.n_params, self.n_workers)
         self.verbose = cfg.monitor.verbose
+        self.eval_split = cfg.data.eval_split  # what the end line calls the evaluation
         self.exit_timeout = cfg.monitor.exit_timeout
         self.done = 0  # workers whose budget is used up
         self.rejected: dict[int, int] = {}  # per worker
@@ -206,7 +207,8 @@ class Master:
                 if u.stats is not None:
                     s = u.stats
                     row.update(pi_median=s.pi_median, clamp_frac=s.clamp_frac,
-                               clamp_low=s.clamp_low_frac, pi_median_all=s.pi_median_all,
+                               clamp_low=s.clamp_low_frac, zero_delta=s.zero_delta_frac,
+                               pi_median_all=s.pi_median_all,
                                energy_central=s.energy_central, energy_proxy=s.energy_proxy)
                 sup.record_update(row)
             self.recent_staleness = 0.95 * self.recent_staleness + 0.05 * u.staleness
@@ -237,8 +239,8 @@ class Master:
         if self.verbose:
             say("master time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.timers.items()))
         return (f"done: {s['updates']} updates in {s['wall_s']:.1f} s "
-                f"({s['updates'] / max(s['wall_s'], 1e-9):.1f} upd/s), test loss "
-                f"{s['test_loss']:.4f}, test accuracy {acc}{rejected}")
+                f"({s['updates'] / max(s['wall_s'], 1e-9):.1f} upd/s), {self.eval_split} loss "
+                f"{s['test_loss']:.4f}, {self.eval_split} accuracy {acc}{rejected}")
 
 
 def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,

@@ -39,7 +39,7 @@ from gem_mpi.outputs.metrics import (
 # read all the same (with a note), and a column outside them is read too.
 COMMON_UPDATE_COLUMNS = [name for name, _ in UPDATE_COLUMNS]
 GEM_ONLY_COLUMNS = [name for name, _ in GEM_COLUMNS] + ["pi_median", "clamp_frac",
-                                                         "clamp_low"]
+                                                         "clamp_low", "zero_delta"]
 EVAL_COLUMN_NAMES = [name for name, _ in EVAL_COLUMNS]
 
 
@@ -483,6 +483,55 @@ def staleness(run: Run) -> Staleness | None:
                      run.n_workers - 1)
 
 
+def staleness_shares(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
+    """(τ = 0, 1, …, max, share of the updates applied with that staleness)."""
+    tau = run.col("staleness")
+    if tau is None or tau.size == 0:
+        return None
+    counts = np.bincount(np.maximum(tau.astype(np.int64), 0))
+    return np.arange(counts.size), counts / counts.sum()
+
+
+@dataclass
+class Progress:
+    """The workers' progress over a run, one value per applied update (in apply order)."""
+
+    time: np.ndarray  # seconds since the start
+    spread: np.ndarray  # most minus fewest of the workers' updates applied so far
+    active: np.ndarray  # workers that have updates still to come
+
+
+def progress(run: Run) -> Progress | None:
+    """How far apart the workers are: a worker's progress is the number of its updates the
+    master has applied; the spread is the most minus the fewest over the n workers. Workers
+    that finish early leave the run to fewer ones: ``active`` counts those still to send."""
+    w, t = run.col("worker"), run.col("time")
+    if w is None or t is None or w.size == 0:
+        return None
+    order = np.argsort(t, kind="stable")
+    w, t = w[order].astype(np.int64) - 1, t[order]
+    n = max(run.n_workers, int(w.max()) + 1)
+    done = np.zeros((w.size, n), dtype=np.int32)
+    done[np.arange(w.size), w] = 1
+    np.cumsum(done, axis=0, out=done)
+    last = np.full(n, -1)
+    last[w] = np.arange(w.size)  # each worker's last row
+    active = n - np.searchsorted(np.sort(last), np.arange(w.size), side="left")
+    return Progress(t, (done.max(axis=1) - done.min(axis=1)).astype(np.int64), active)
+
+
+def pi_by_staleness(run: Run, min_updates: int = 20) -> tuple[np.ndarray, np.ndarray] | None:
+    """(τ, median over the updates applied with that τ of their median π), for the τ seen at
+    least ``min_updates`` times."""
+    tau, pi = run.col("staleness"), median_pi(run)
+    if tau is None or pi is None or tau.size == 0:
+        return None
+    tau = tau.astype(np.int64)
+    values = [t for t in np.unique(tau) if np.count_nonzero(tau == t) >= min_updates]
+    return (np.array(values, dtype=np.int64),
+            np.array([float(np.nanmedian(pi[tau == t])) for t in values]))
+
+
 def median_pi(run: Run) -> np.ndarray | None:
     """Per update, the median of π over all parameters (the paper's figure 3): the master's
     ``pi_median_all``, read off the pooled histogram; a file written before that column
@@ -547,7 +596,8 @@ def energy_ratio(run: Run) -> np.ndarray | None:
 
 def clamped_share(run: Run, column: str = "clamp_frac") -> float:
     """Share of all parameter elements whose π was clamped, averaged over updates
-    (``column``: ``clamp_frac`` at 0 or π_max; ``clamp_low`` at 0 alone)."""
+    (``column``: ``clamp_frac`` at 0 or π_max; ``clamp_low`` at 0 alone; ``zero_delta``
+    the elements with Δθ = 0, always clamped and not moved whatever π is)."""
     frac = run.col(column)
     if frac is None or frac.size == 0:
         return math.nan

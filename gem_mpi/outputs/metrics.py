@@ -183,7 +183,7 @@ class MetricsWriter:
             k = len(tensor_names)
             cols += [(n, d, ()) for n, d in GEM_COLUMNS]
             cols += [("pi_median", "f4", (k,)), ("clamp_frac", "f4", (k,)),
-                     ("clamp_low", "f4", (k,))]
+                     ("clamp_low", "f4", (k,)), ("zero_delta", "f4", (k,))]
         self.updates = _Table(f.create_group("updates"), cols)
         self.evals = _Table(f.create_group("eval"), [(n, d, ()) for n, d in EVAL_COLUMNS])
         self.rejected = None if sync else _Table(f.create_group("rejected"),

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gem_mpi.config import DATASETS, TORCH_MODELS, is_plugin
+from gem_mpi.config import DATASETS, TORCH_MODELS, DataConfig, is_plugin
 from gem_mpi.errors import DataError, UsageError
 
 SPLITS = ("train", "test")
@@ -436,6 +436,10 @@ class ArraySplit(Split):
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    def part(self, name: str, rows: slice) -> ArraySplit:
+        """Some of its rows as a split of their own (views: no copy)."""
+        return ArraySplit(self.dataset, name, self.spec, self.images[rows], self.labels[rows])
+
     def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Normalised float32 images [B, 1, S, S] and int64 labels [B] for `indices`."""
         idx = indices.numpy()
@@ -596,6 +600,26 @@ def load_split(
     _check_pair(image_path, label_path, images.shape, labels.shape[0])
     _check_labels(label_path, labels)
     return ArraySplit(dataset, split, spec, images, labels)
+
+
+def training_split(data: DataConfig, synthetic_size: int | None = None) -> Split:
+    """What the workers train on: the training split, less its last --holdout samples."""
+    split = load_split(data.dataset, data.data_dir, "train", data.model,
+                       synthetic_size=synthetic_size)
+    if not data.holdout:
+        return split
+    assert isinstance(split, ArraySplit)  # the config allows --holdout for these only
+    return split.part("train", slice(0, len(split) - data.holdout))
+
+
+def evaluation_split(data: DataConfig) -> Split:
+    """What the master evaluates θ on: the test split, or with --holdout the last
+    --holdout training samples, which no worker trains on (a validation set)."""
+    if not data.holdout:
+        return load_split(data.dataset, data.data_dir, "test", data.model)
+    split = load_split(data.dataset, data.data_dir, "train", data.model)
+    assert isinstance(split, ArraySplit)
+    return split.part("validation", slice(len(split) - data.holdout, len(split)))
 
 
 # --------------------------------------------------------------------------- iteration

@@ -4,7 +4,8 @@
     python -m gem_mpi.reproduce all               # run E1–E9 one job at a time (resumable)
     python -m gem_mpi.reproduce E1 E3             # only these (E3 shows E1's runs)
     python -m gem_mpi.reproduce all --seeds 0     # one seed of everything first, the rest later
-    python -m gem_mpi.reproduce --report          # docs/results/ from results/*.h5
+    python -m gem_mpi.reproduce --report          # docs/results/ from results/mnist/*.h5
+    python -m gem_mpi.reproduce --dataset fashion-mnist --report   # the Fashion-MNIST set
     python -m gem_mpi.reproduce --quick all --report --out /tmp/r   # the harness's own test
 
 Run it again after an interruption (Ctrl-C, SIGTERM, a reboot) and it skips finished runs
@@ -34,14 +35,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, nargs="+", metavar="SEED", help="only the runs with "
                    "these seeds (default: every seed the budget has), so that one seed of "
                    "every experiment can finish before the others start")
+    p.add_argument("--ns", type=int, nargs="+", metavar="N", help="only the runs with these "
+                   "numbers of workers (e.g. E1 at n = 5 and 10 with a core per worker: "
+                   "tools/cores_check.sh)")
     p.add_argument("--report", action="store_true", help="write the pages from the results "
                    "(after running the experiments named, if any)")
     p.add_argument("--quick", action="store_true", help="tiny budgets (a few dozen steps per "
                    "worker, fewer workers and seeds), to test the harness end to end")
-    p.add_argument("--results", type=Path, help="where runs write (default results/, "
-                   "results/quick/ with --quick)")
-    p.add_argument("--out", type=Path, help="where --report writes (default docs/results/, "
-                   "<results>/report/ with --quick)")
+    p.add_argument("--dataset", choices=ex.DATASETS, default=ex.DATASETS[0],
+                   help="the paper's data (mnist, the default) or the earlier set's "
+                   "(fashion-mnist)")
+    p.add_argument("--results", type=Path, help="where runs write (default results/DATASET/, "
+                   "results/quick/DATASET/ with --quick)")
+    p.add_argument("--out", type=Path, help="where --report writes (default docs/results/ for "
+                   "mnist, docs/results/fashion-mnist/ for fashion-mnist; <results>/report/ "
+                   "with --quick)")
     p.add_argument("--lock", type=Path, help="hold an exclusive flock on this file while each "
                    "job runs (e.g. /tmp/heavy.lock), so that other heavy work waits its turn")
     p.add_argument("--heartbeat", type=float, default=60.0, help="seconds between progress "
@@ -52,9 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    budget = ex.quick_budget() if args.quick else ex.full_budget()
-    results = args.results or Path("results/quick" if args.quick else "results")
-    out = args.out or (results / "report" if args.quick else runner.REPO / "docs" / "results")
+    budget = (ex.quick_budget if args.quick else ex.full_budget)(args.dataset)
+    results = args.results or Path("results/quick" if args.quick else "results") / args.dataset
+    docs = runner.REPO / "docs" / "results"
+    out = args.out or (results / "report" if args.quick else
+                       docs if args.dataset == ex.DATASETS[0] else docs / args.dataset)
     exps = ex.experiments(budget, str(results))
     names = [e.upper() for e in args.experiments]
     if names == ["ALL"] or (args.plan and not names):
@@ -74,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
                          f"{budget.name} budget's seeds are "
                          f"{', '.join(map(str, budget.seeds))}")
         runs = [r for r in runs if r.seed in args.seeds]
+    if args.ns is not None:
+        unknown_ns = sorted(set(args.ns) - {r.n for r in runs})
+        if unknown_ns:
+            parser.error(f"no run of {', '.join(names) or 'these experiments'} has n = "
+                         f"{', '.join(map(str, unknown_ns))}")
+        runs = [r for r in runs if r.n in args.ns]
     if args.plan:
         print(runner.plan_text(runs, results, budget.log_every))
         return 0
@@ -81,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if runs:
         rc = runner.Harness(results, budget, args.lock, heartbeat_s=args.heartbeat).run(runs)
     if args.report and rc != runner.EXIT_STOPPED:
-        res = Results(results, exps)
+        res = Results(results, exps, budget)
         pages = report.write_pages(res, budget, out)
         readme = claims.write_readme(res, budget, out)
         print(f"reproduce: wrote {readme} and {len(pages)} pages in {out}", flush=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -68,15 +69,37 @@ def _summary_rows(res: Results, groups: dict, label: Callable, pi: bool = True
     return rows
 
 
+def _band(ax, curve: tuple[np.ndarray, np.ndarray, np.ndarray], label: str, **kw) -> None:
+    """A mean curve over seeds with its spread (± one sd) shaded in the line's colour."""
+    x, y, sd = curve
+    (line,) = ax.plot(x, y, lw=1, label=label, **kw)
+    if np.isfinite(sd).any():
+        ax.fill_between(x, y - sd, y + sd, color=line.get_color(), alpha=0.2, lw=0)
+
+
+def workers(n: int) -> str:
+    return f"{n} worker" + ("" if n == 1 else "s")
+
+
+# the colours of the summary panels' series (methods, readings): C0–C3 mean n in the curve
+# panels beside them, so that a colour has one meaning per figure
+SERIES = ("C4", "C5", "C6", "C7", "C8", "C9")
+
+
 def _curves(ax, res: Results, groups: dict, label: Callable, curve=loss_curve,
-            log: bool = True, ylabel: str = "training loss") -> None:
-    for key, runs in groups.items():
+            log: bool = True, ylabel: str = "training loss",
+            colours: dict | None = None) -> None:
+    """Mean curves over seeds, one per group, ± one sd shaded; a group's colour is its
+    place among ``groups`` (or ``colours[key]``), whether or not its runs are done, so that
+    panels with the same groups colour them alike."""
+    for i, (key, runs) in enumerate(groups.items()):
         done = res.done(runs)
         if not done:
             continue
-        x, y = mean_curve([curve(res.data(r)) for r in done])
         k, m = diverged_count(res, runs)
-        ax.plot(x, y, lw=1, label=label(key) + (f" ({k}/{m} diverged)" if k else ""))
+        _band(ax, mean_curve([curve(res.data(r)) for r in done]),
+              label(key) + (f" ({k}/{m} diverged)" if k else ""),
+              color=(colours or {}).get(key, f"C{i % 10}"))
     ax.set_xlabel("worker steps")
     ax.set_ylabel(ylabel)
     if log and ax.lines:
@@ -94,16 +117,19 @@ def _e1(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     ns = sorted({r.n for r in runs})
     fig, axes = plt.subplots(2, 3, figsize=(12, 7))
     for ax, v in zip(axes.flat[:4], variants):
+        if ax is not axes.flat[0]:
+            ax.sharey(axes.flat[0])  # the methods' curves compared on one scale
         _curves(ax, res, group([r for r in runs if r.variant == v], lambda r: r.n),
-                lambda n: f"{n} workers")
+                workers)
         ax.set_title(v)
     for ax, field, name in ((axes.flat[4], "final_loss", "final training loss"),
                             (axes.flat[5], "test_accuracy", "final test accuracy")):
-        for v in variants:
+        for v, colour in zip(variants, SERIES):
             st = [stat(res, [r for r in runs if r.variant == v and r.n == n], field)
                   for n in ns]
             ax.errorbar(ns, [s.mean for s in st], yerr=[0 if math.isnan(s.sd) else s.sd
-                                                        for s in st], marker="o", label=v)
+                                                        for s in st], marker="o", label=v,
+                        color=colour)
         ax.set(xlabel="asynchronous workers", ylabel=name, title=f"{name} (diverged runs "
                "left out)")
         ax.legend()
@@ -124,7 +150,7 @@ def _e2(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     rows = []
     for run in exp.runs:
         d = res.data(run)
-        label = (f"GEM, {run.n} workers" if run.method == "gem" else
+        label = (f"GEM, {workers(run.n)}" if run.method == "gem" else
                  f"momentum SGD (1 rank, {run.n} epochs)")
         if d is None:
             rows.append([label, "not run yet"] + ["–"] * 7)
@@ -149,12 +175,24 @@ def _e2(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     for ax in (a, b):
         if ax.lines:
             ax.legend()
-    lines = _figure(out, "E2.png", fig, "GEM with many workers against momentum SGD over "
-                    "the same number of samples: the paper's figure 2 (its momentum SGD "
-                    "is figure 5's)")
+    lines = _figure(out, "E2.png", fig, "GEM with many workers, each one epoch of the "
+                    "training set: training loss and test accuracy against wall-clock time, "
+                    "the paper's figure 2")
     return lines + md_table(["run", "status", "updates (steps)", "master wall s", "updates/s",
                            "final training loss", "test accuracy", "mean staleness",
                            "peak memory (job)"], rows)
+
+
+# what decides π's level, found by an audit of the Fashion-MNIST set (2026-12)
+E3_LEVEL = (
+    "**π's level is the data's, not the code's.** An audit ported the authors' prototype "
+    "(`code/gem.py`) and ran it beside gem_mpi's `--gem-shift paper` (the prototype's "
+    "reading) at n = 5 on the same data: the π distributions agree. On MNIST π = 0 in 0.446 "
+    "(prototype) against 0.431 (gem_mpi) of the elements and π = π_max in 0.305 against 0.317, "
+    "and both medians are ≈ 0.8, like the paper's figure 3; on Fashion-MNIST both medians are "
+    "≈ 0.1, because there κ|m| ≈ 4|Δθ| meets a shift of ≈ 4|Δθ|, where on MNIST it is ≈ 10 "
+    "against ≈ 8.6. So the Fashion-MNIST set's low π (docs/results/fashion-mnist/E3.md) does "
+    "not say the code differs from the paper's.")
 
 
 def _e3(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
@@ -164,29 +202,117 @@ def _e3(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     ns = sorted({r.n for r in runs})
     fig, axes = plt.subplots(1, len(readings) + 1, figsize=(4.2 * (len(readings) + 1), 3.6))
     for ax, v in zip(axes, readings):
+        if ax is not axes[0]:
+            ax.sharey(axes[0])
         _curves(ax, res, group([r for r in runs if r.variant == v], lambda r: r.n),
-                lambda n: f"{n} workers", curve=pi_curve, log=False, ylabel="median π")
+                workers, curve=pi_curve, log=False, ylabel="median π")
         ax.set_title(v)
     ax = axes[-1]
     rows = []
-    for v in readings:
+    for v, colour in zip(readings, SERIES):
         at = [[r for r in runs if r.variant == v and r.n == n] for n in ns]
         st = [stat(res, rs, "median_pi", finished_only=False) for rs in at]
         cut = [stat(res, rs, "clamped", finished_only=False) for rs in at]
         low = [stat(res, rs, "clamped_low", finished_only=False) for rs in at]
+        zero = [stat(res, rs, "zero_delta", finished_only=False) for rs in at]
         ax.errorbar(ns, [s.mean for s in st], yerr=[0 if math.isnan(s.sd) else s.sd
-                                                    for s in st], marker="o", label=v)
-        rows += [[v, str(n), s.text(), c.text(), lo.text()]
-                 for n, s, c, lo in zip(ns, st, cut, low)]
+                                                    for s in st], marker="o", label=v,
+                    color=colour)
+        high = [stat(res, rs, "clamped_high", finished_only=False) for rs in at]
+        rows += [[v, str(n), s.text(), c.text(), lo.text(), hi.text(), z.text()]
+                 for n, s, c, lo, hi, z in zip(ns, st, cut, low, high, zero)]
     ax.set(xlabel="asynchronous workers", ylabel="median π over the run",
            title="median π against n")
     ax.legend()
     lines = _figure(out, "E3.png", fig, "Median per-parameter π per worker step (mean over "
                     "seeds, smoothed) for each n, and its level over the whole run: the "
                     "paper's figure 3")
-    return lines + md_table(["GEM reading", "n", "median π over all updates",
-                           "share of π clamped to 0 or π_max", "of it, clamped to 0"],
-                          rows)
+    lines += [E3_LEVEL, ""]
+    lines += md_table(["GEM reading", "n", "median π over all updates",
+                       "share of π clamped to 0 or π_max", "of it, clamped to 0",
+                       "clamped to π_max", "Δθ = 0 (in the clamped share)"], rows)
+    return lines + ["", *_staleness(res, [r for r in runs if r.variant == readings[0]], out)]
+
+
+END_SHARE = 0.05  # "the end of a run": its last 5 % of updates
+
+
+def _staleness(res: Results, runs: list[ex.Run], out: Path) -> list[str]:
+    """Staleness as it was: τ's histogram, how far apart the workers got, π against τ, and
+    π at the end of the run, when the workers that finished early have left."""
+    plt = analysis.pyplot()
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
+    a, b, c, d = axes
+    rows, rises = [], []
+    reading = runs[0].variant if runs else "?"
+    for i, (n, rs) in enumerate(group(runs, lambda r: r.n).items()):
+        done = [res.data(r) for r in res.done(rs)]
+        if not done:
+            continue
+        colour = f"C{i}"
+        hist = [h for h in map(analysis.staleness_shares, done) if h is not None]
+        if hist:
+            top = max(h[0].size for h in hist)
+            shares = np.mean([np.pad(h[1], (0, top - h[1].size)) for h in hist], axis=0)
+            a.plot(np.arange(top), shares, marker=".", lw=1, color=colour, label=workers(n))
+        prog = [p for p in map(analysis.progress, done) if p is not None]
+        for j, p in enumerate(prog):
+            frac = p.time / p.time[-1]
+            sl = analysis.thin(frac.size, 4000)
+            b.plot(frac[sl], p.spread[sl], lw=0.8, color=colour,
+                   label=workers(n) if j == 0 else None)
+        for j, dd in enumerate(done):
+            pt = analysis.pi_by_staleness(dd)
+            if pt is not None:
+                c.plot(pt[0], pt[1], marker=".", lw=1, color=colour,
+                       label=workers(n) if j == 0 else None)
+        ends = []
+        for dd, p in zip(done, prog):
+            pi = analysis.median_pi(dd)
+            if pi is None or p is None or pi.size != p.time.size:
+                continue
+            cut = int((1 - END_SHARE) * pi.size)
+            frac = p.time / p.time[-1]
+            sl = analysis.thin(frac.size, 4000)
+            d.plot(frac[sl], analysis.smooth(pi)[sl], lw=0.8, color=colour,
+                   label=workers(n) if not ends else None)
+            ends.append((float(np.nanmedian(pi[:cut])), float(np.nanmedian(pi[cut:])),
+                         int(p.active[cut])))
+            rises.append(ends[-1][1] > ends[-1][0])
+        tau = [t for t in map(analysis.staleness, done) if t is not None]
+        p95 = [float(np.percentile(dd.col("staleness"), 95)) for dd in done]
+        rows.append([str(n), Stat(tuple(t.mean for t in tau)).text(".1f"),
+                     Stat(tuple(p95)).text(".0f"), str(n - 1),
+                     Stat(tuple(e[0] for e in ends)).text(),
+                     Stat(tuple(e[1] for e in ends)).text(),
+                     Stat(tuple(e[2] for e in ends)).text(".0f")])
+    a.set(xlabel="staleness τ", ylabel="share of updates", title="τ (mean over seeds)")
+    b.set(xlabel="share of the run's time", ylabel="most − fewest updates applied",
+          title="spread of the workers' progress")
+    c.set(xlabel="staleness τ", ylabel="median π", title="π against τ")
+    d.set(xlabel="share of the run's time", ylabel="median π (smoothed)",
+          title="π over the run")
+    for ax in axes:
+        if ax.lines:
+            ax.legend()
+    lines = ["## Staleness, and π at the end of a run", ""]
+    lines += _figure(out, "E3_staleness.png", fig, f"E1's {reading} runs, every seed: the "
+                     "histogram of the staleness τ; how far apart the workers' progress is "
+                     "over the run; π against τ; π over the run")
+    lines += md_table(["n", "mean τ", "95th percentile of τ", "n − 1", ("median π, all but "
+                       f"the last {END_SHARE:.0%} of updates"), (f"median π, the last "
+                       f"{END_SHARE:.0%}"), ("workers still sending when the last "
+                       f"{END_SHARE:.0%} begin")], rows)
+    if rises:
+        lines += ["", (f"In {sum(rises)} of {len(rises)} runs the median π of the last "
+                  f"{END_SHARE:.0%} of updates is above the rest of the run's. Where it is, "
+                  "this is why: each gem_mpi worker goes through its own shuffle of the data at its own pace, so they "
+                  "finish at different times; the last updates come from fewer and fewer "
+                  "workers, θ moves less between a worker's pulls (its shift falls), and π "
+                  "rises towards what fewer workers need. The authors' prototype serves its "
+                  "workers round-robin, one update each in turn, so they all finish together "
+                  "and its curves have no such end.")]
+    return lines
 
 
 def e4_target(res: Results, runs: list[ex.Run]) -> float:
@@ -221,7 +347,7 @@ def _e4(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
             t, loss = d.col("time"), analysis.smooth(d.col("loss"))
             samples = np.arange(1, loss.size + 1) * analysis.samples_per_update(d)
             kw = {"color": colours[i % len(colours)], "lw": 1,
-                  "label": f"{n} workers, b = {r.batch}" if j == 0 else None}
+                  "label": f"{workers(n)}, b = {r.batch}" if j == 0 else None}
             a.plot(t, loss, **kw)
             b.plot(samples, loss, **kw)
     a.set(xlabel="seconds", ylabel="training loss (smoothed)", yscale="log",
@@ -266,46 +392,87 @@ def _e4(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                            "speedup, a core per worker", "test accuracy"], rows)
 
 
-def e5_rise(res: Results, run: ex.Run) -> tuple[float, float, float] | None:
-    """(lowest validation loss, data epoch where, rise from it to the last evaluation)."""
+@dataclass(frozen=True)
+class Rise:
+    """One E5 run's validation curve, read the way the paper's figure 5 is."""
+
+    lowest: float  # the lowest validation loss
+    epoch: float  # the data epoch where it was
+    last: float  # the validation loss at the end (E5's last data epoch)
+    accuracy: float  # the validation accuracy at the end
+
+    @property
+    def rise(self) -> float:
+        return self.last - self.lowest
+
+    @property
+    def rise_share(self) -> float:
+        return self.rise / self.lowest
+
+
+def e5_rise(res: Results, run: ex.Run) -> Rise | None:
+    """The run's lowest validation loss, where, and what it was at the end."""
     d = res.data(run)
-    ev = analysis.eval_by_epoch(d, ex.TRAIN_SAMPLES) if d is not None else None
+    ev = analysis.eval_by_epoch(d, ex.E5_TRAIN) if d is not None else None
     if ev is None or not np.isfinite(ev[1]).any():
         return None
     i = int(np.nanargmin(ev[1]))
-    return float(ev[1][i]), float(ev[0][i]), float(ev[1][-1] - ev[1][i])
+    return Rise(float(ev[1][i]), float(ev[0][i]), float(ev[1][-1]), float(ev[2][-1]))
+
+
+E5_LABELS = {"gem": "GEM", "sync": "momentum SGD"}
+
+
+def e5_rises(res: Results, exp: ex.Experiment) -> dict[str, list[Rise]]:
+    """Per method (gem, sync): the done runs' rises, one per seed."""
+    out: dict[str, list[Rise]] = {m: [] for m in E5_LABELS}
+    for run in exp.runs:
+        rise = e5_rise(res, run)
+        if rise is not None:
+            out[run.method].append(rise)
+    return out
 
 
 def _e5(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     plt = analysis.pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    rises = e5_rises(res, exp)
     rows = []
-    for run in res.exps["E2"].runs:
-        label = "GEM" if run.method == "gem" else "momentum SGD"
-        d = res.data(run)
-        if d is None:
-            rows.append([label, "not run yet", "–", "–", "–", "–"])
+    for method, label in E5_LABELS.items():
+        runs = [r for r in exp.runs if r.method == method]
+        done = res.done(runs)
+        data = [res.data(r) for r in done]
+        tr = [c for c in (analysis.loss_by_epoch(d, ex.E5_TRAIN) for d in data) if c]
+        ev = [c for c in (analysis.eval_by_epoch(d, ex.E5_TRAIN) for d in data) if c]
+        if tr:
+            _band(a, mean_curve(tr), f"{label} training", ls="--")
+        if ev:
+            color = a.lines[-1].get_color() if tr else None
+            _band(a, mean_curve(ev), f"{label} validation", color=color)
+            _band(b, mean_curve([(e[0], 100 * e[2]) for e in ev]), label, color=color)
+        r = rises[method]
+        if not r:
+            rows.append([label, f"0 of {len(runs)}", *["–"] * 6])
             continue
-        tr = analysis.loss_by_epoch(d, ex.TRAIN_SAMPLES)
-        ev = analysis.eval_by_epoch(d, ex.TRAIN_SAMPLES)
-        if tr is not None:
-            ax.plot(tr[0], tr[1], marker=".", lw=1, label=f"{label} training")
-        if ev is not None:
-            ax.plot(ev[0], ev[1], lw=1, label=f"{label} validation (test split)")
-        rise = e5_rise(res, run)
-        n = res.numbers(run)
-        rows.append([label, f"{run.n} data epochs", "–" if rise is None else
-                     f"{rise[0]:.4f} at epoch {rise[1]:.1f}", _num(ev[1][-1], ".4f")
-                     if ev is not None else "–", "–" if rise is None else f"{rise[2]:+.4f}",
-                     _num(100 * n.test_accuracy, ".2f") + " %"])
-    ax.set(xlabel="data epochs", ylabel="loss", title="training and validation loss")
-    if ax.lines:
-        ax.legend()
-    lines = _figure(out, "E5.png", fig, "Training loss (mean worker mini-batch loss per data "
-                    "epoch) and validation loss (test split) for GEM and momentum SGD: the "
-                    "paper's figure 5")
-    return lines + md_table(["method", "data", "lowest validation loss", "last validation loss",
-                           "rise from the lowest", "final test accuracy"], rows)
+        st = {k: Stat(tuple(getattr(x, k) for x in r)) for k in
+              ("lowest", "epoch", "last", "rise", "rise_share", "accuracy")}
+        rows.append([label, f"{len(r)} of {len(runs)}", st["lowest"].text(".4f"),
+                     st["epoch"].text(".1f"), st["last"].text(".4f"), st["rise"].text("+.4f"),
+                     st["rise_share"].text(".1f", 100, " %"),
+                     st["accuracy"].text(".2f", 100, " %")])
+    a.set(xlabel="data epochs", ylabel="loss", yscale="log",
+          title="training and validation loss")
+    b.set(xlabel="data epochs", ylabel="validation accuracy (%)", title="validation accuracy")
+    for ax in (a, b):
+        if ax.lines:
+            ax.legend()
+    lines = _figure(out, "E5.png", fig, "Training loss (dashed: mean worker mini-batch loss "
+                    f"per data epoch of the {ex.E5_TRAIN} training images) and validation "
+                    f"loss on the {ex.E5_HOLDOUT} held out, for GEM and momentum SGD, mean "
+                    "over seeds with ± one sd shaded: the paper's figure 5")
+    return lines + md_table(["method", "runs done", "lowest validation loss",
+                           "at data epoch", "last validation loss", "rise from the lowest",
+                           "rise, share of the lowest", "last validation accuracy"], rows)
 
 
 def _e6(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
@@ -313,13 +480,16 @@ def _e6(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     runs = list(exp.runs)
     msgd = [r for r in runs if r.variant == "msgd"]
     variants = [v for v, _, _ in ex.E6_VARIANTS]
-    fig, axes = plt.subplots(1, len(variants), figsize=(4.3 * len(variants), 3.8))
+    ns = sorted({r.n for r in runs if r.variant != "msgd"})
+    fig, axes = plt.subplots(1, len(variants), figsize=(4.3 * len(variants), 3.8),
+                             sharey=True)
     for ax, v in zip(axes, variants):
         groups = group([r for r in runs if r.variant == v], lambda r: r.n)
         if v != "downpour":
             groups = {"msgd": msgd, **groups}
         _curves(ax, res, groups, lambda n: "momentum SGD (1 rank)" if n == "msgd"
-                else f"{n} workers")
+                else workers(n), colours={"msgd": "k", **{n: f"C{i}" for i, n in
+                                                             enumerate(ns)}})
         ax.set_title(f"{v}, η = 0.1")
     lines = _figure(out, "E6.png", fig, "Training loss per worker step with η = 0.1: the "
                     "paper's figure 6 (sync: synchronous SGD on n ranks, the same data as "
@@ -332,18 +502,23 @@ def _e6(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
 
 def _e7(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     plt = analysis.pyplot()
-    groups = group(list(exp.runs), lambda r: r.kappa)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    _curves(a, res, groups, lambda k: f"κ = {k:g}")
-    _curves(b, res, groups, lambda k: f"κ = {k:g}", curve=pi_curve, log=False,
-            ylabel="median π")
-    a.set_title("training loss")
-    b.set_title("median π")
-    lines = _figure(out, "E7.png", fig, f"GEM with κ = 1…4 at n = {exp.runs[0].n}: the "
-                    "paper's figure 8")
-    return lines + md_table(["κ", "runs done", "diverged", "final training loss",
+    by_n = group(list(exp.runs), lambda r: r.n)
+    fig, axes = plt.subplots(len(by_n), 2, figsize=(10, 3.6 * len(by_n)), squeeze=False,
+                             sharex="row", sharey="col")
+    for (a, b), (n, runs) in zip(axes, by_n.items()):
+        groups = group(runs, lambda r: r.kappa)
+        _curves(a, res, groups, lambda k: f"κ = {k:g}")
+        _curves(b, res, groups, lambda k: f"κ = {k:g}", curve=pi_curve, log=False,
+                ylabel="median π")
+        a.set_title(f"n = {n}: training loss")
+        b.set_title(f"n = {n}: median π")
+    ns = ", ".join(map(str, by_n))
+    lines = _figure(out, "E7.png", fig, f"GEM with κ = 1…4 at n = {ns} (mean over seeds, ± "
+                    "one sd shaded; the paper does not state its n): the paper's figure 8")
+    return lines + md_table(["n", "κ", "runs done", "diverged", "final training loss",
                            "test accuracy", "median π", "master wall s"],
-                          _summary_rows(res, groups, lambda k: [f"{k:g}"]))
+                          _summary_rows(res, group(list(exp.runs), lambda r: (r.n, r.kappa)),
+                                        lambda k: [str(k[0]), f"{k[1]:g}"]))
 
 
 def _e8(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
@@ -368,11 +543,11 @@ def _e8(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
         a.set(xlabel="master updates", ylabel="tensor",
               title=f"η = {lr:g}: median π per tensor" + ("" if d else " (not run yet)"))
         _curves(b, res, {"gem": [gem], "msgd": msgd},
-                lambda k, gem=gem: f"GEM, {gem.workers} workers" if k == "gem"
+                lambda k, gem=gem: f"GEM, {workers(gem.workers)}" if k == "gem"
                 else "momentum SGD (1 rank)")
         b.set_title(f"η = {lr:g}: training loss")
     gem = exp.runs[0]
-    lines += _figure(out, "E8.png", fig, f"AlexNet, {gem.workers} workers, b = {gem.batch}, "
+    lines += _figure(out, "E8.png", fig, f"AlexNet, {workers(gem.workers)}, b = {gem.batch}, "
                      "at each η: per-tensor median π over the master's updates (the paper's "
                      "figures 9 and 10), and the training loss per worker step (figure 7) "
                      "beside that of momentum SGD, the proxy GEM matches, with the same η, "

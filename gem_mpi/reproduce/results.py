@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,16 +33,23 @@ class Numbers:
     median_pi: float  # NaN for methods without π
     clamped: float  # share of π cut to 0 or π_max (NaN for methods without π)
     clamped_low: float  # share of π cut to 0 (NaN as above, and for files before the column)
+    zero_delta: float  # share of elements with Δθ = 0, inside the clamped share (NaN as above)
     wall_s: float  # the master's training time
     job_s: float  # the whole job, start-up and resumes included (the record's)
     updates: int
+
+    @property
+    def clamped_high(self) -> float:
+        """Share of π cut to π_max."""
+        return self.clamped - self.clamped_low
 
 
 class Results:
     """The runs of a results directory, loaded once each."""
 
-    def __init__(self, results: Path, exps: dict[str, ex.Experiment]) -> None:
-        self.dir, self.exps = results, exps
+    def __init__(self, results: Path, exps: dict[str, ex.Experiment],
+                 budget: ex.Budget) -> None:
+        self.dir, self.exps, self.budget = results, exps, budget
         self._runs: dict[str, analysis.Run | None] = {}
 
     def paths(self, run: ex.Run) -> runner.Paths:
@@ -78,6 +86,7 @@ class Results:
                        analysis.final_train_loss(d), test.loss, test.accuracy,
                        analysis.run_median_pi(d), analysis.clamped_share(d),
                        analysis.clamped_share(d, "clamp_low"),
+                       analysis.clamped_share(d, "zero_delta"),
                        analysis.wall_seconds(d),
                        float(record.get("wall_s", math.nan)), analysis.applied_updates(d))
 
@@ -135,13 +144,21 @@ def diverged_count(res: Results, runs: list[ex.Run]) -> tuple[int, int]:
     return sum(n.diverged for n in nums), len(nums)
 
 
-def mean_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """The mean over seeds of curves on the same integer x, up to the shortest one."""
+def mean_curve(curves: list[tuple[np.ndarray, ...]]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, mean, sample sd) over seeds of curves on the same x, up to the shortest one; the
+    sd is NaN where fewer than two seeds have a finite value."""
     curves = [c for c in curves if c[0].size]
     if not curves:
-        return np.zeros(0), np.zeros(0)
+        return np.zeros(0), np.zeros(0), np.zeros(0)
     k = min(c[0].size for c in curves)
-    return curves[0][0][:k], np.nanmean(np.stack([c[1][:k] for c in curves]), axis=0)
+    ys = np.stack([c[1][:k] for c in curves]).astype(np.float64)
+    finite = np.isfinite(ys).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: NaN, as meant
+        mean = np.nanmean(ys, axis=0)
+        sd = np.where(finite > 1, np.nanstd(ys, axis=0, ddof=1), np.nan)
+    return curves[0][0][:k], mean, sd
 
 
 def loss_curve(d: analysis.Run) -> tuple[np.ndarray, np.ndarray]:

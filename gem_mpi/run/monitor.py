@@ -37,10 +37,10 @@ class Evaluator:
         if problem.quadratic is None:
             import torch
 
-            from gem_mpi.problem.data import load_split
+            from gem_mpi.problem.data import evaluation_split
 
             self.device = torch.device("cpu")  # the master is a CPU rank
-            self.split = load_split(data.dataset, data.data_dir, "test", data.model)
+            self.split = evaluation_split(data)
         self._thread = threading.Thread(target=self._serve, name="gem-eval", daemon=True)
         self._thread.start()
 

@@ -106,11 +106,10 @@ def seed_dropout(seed: int, worker: int, step: int) -> None:
 def data_stream(data: DataConfig, worker: int, n_workers: int, start_seq: int = 0) -> tuple:
     """(steps, batches) of worker number ``worker`` (1..n): the same stream whichever method
     runs it, so that methods are compared on the same data."""
-    from gem_mpi.problem.data import iterate_batches, load_split, steps_per_epoch
+    from gem_mpi.problem.data import iterate_batches, steps_per_epoch, training_split
 
     shard = (worker - 1, n_workers) if data.shard else None
-    split = load_split(data.dataset, data.data_dir, "train", data.model,
-                       synthetic_size=data.synthetic_size)
+    split = training_split(data, synthetic_size=data.synthetic_size)
     steps = steps_per_epoch(split, data.batch_size, shard) * data.epochs
     if data.max_steps:
         steps = min(steps, data.max_steps)

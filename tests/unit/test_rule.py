@@ -144,7 +144,8 @@ def test_a_fixed_update_twice_gives_the_paper_s_numbers(shift, pi2):
 
 def _stats_bits(stats) -> list[tuple]:
     return [(s.pi_median.tobytes(), s.clamp_frac.tobytes(), s.clamp_low_frac.tobytes(),
-             s.pi_median_all, s.energy_central, s.energy_proxy) for s in stats]
+             s.zero_delta_frac.tobytes(), s.pi_median_all, s.energy_central, s.energy_proxy)
+            for s in stats]
 
 
 @pytest.mark.parametrize("extension", [False, True], ids=["numpy", "c++"])
@@ -163,7 +164,7 @@ def test_the_global_proxy_with_one_worker_is_local_gem_bit_for_bit(shift, extens
     (theta_l, stats_l, sent_l), (theta_g, stats_g, sent_g) = got[PROXY_LOCAL], got[PROXY_GLOBAL]
     assert np.array_equal(_bits(theta_l), _bits(theta_g))
     assert stats_l == stats_g
-    assert any(0 < s[3] < optim.pi_max for s in stats_g)  # π neither all clamped nor all 0
+    assert any(0 < s[4] < optim.pi_max for s in stats_g)  # π neither all clamped nor all 0
     ref = replay(log, q, GEM, lr, momentum=optim.momentum, kappa=optim.kappa,
                  pi_max=optim.pi_max, eps=optim.eps, shift=shift, proxy=PROXY_GLOBAL,
                  n_workers=1)
