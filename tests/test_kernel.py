@@ -235,6 +235,7 @@ def test_numpy_kernel_gives_the_same_stats():
         lambda t, o: {"offsets": np.array([0, 80, 40, 101], np.int64)},
         lambda t, o: {"offsets": o.astype(np.int32)},
         lambda t, o: {"hist": np.zeros((1, gem.HIST_BINS + 2), np.int64)},
+        lambda t, o: {"counts": np.zeros((2, 2), np.int64)},  # before the Δθ = 0 count
         lambda t, o: {"pi_max": 0.0},
         lambda t, o: {"threads": 0},
     ],
@@ -244,7 +245,9 @@ def test_bad_arguments_raise_value_error(core, bad):
     offsets = np.array([0, 40, 101], np.int64)
     args = {"theta": theta, "delta": delta, "a": a, "s": s, "offsets": offsets, "eps": EPS,
             "pi_max": PI_MAX, "hist": np.zeros((2, gem.HIST_BINS + 2), np.int64),
-            "sums": np.zeros((2, 2)), "counts": np.zeros((2, 2), np.int64), "threads": 1}
+            "sums": np.zeros((2, 2)), "counts": np.zeros((2, gem.COUNTS), np.int64),
+            "threads": 1}
+    assert core.gem_step(**{**args, "theta": theta.copy()})  # as given, the call is fine
     args.update(bad(theta, offsets))
     with pytest.raises(ValueError):
         core.gem_step(**args)
