@@ -17,7 +17,7 @@ RECORDED = {
     "metrics", "save", "synthetic_size", "quadratic_dim", "threads", "poll_max_ms",
     "log_every", "verbose", "no_extension", "straggler", "stop_on_divergence",
     "divergence_factor", "checkpoint_dir", "checkpoint_every", "resume", "min_free_mb",
-    "worker_timeout", "gem_shift", "exit_timeout", "loss", "worker_mode",
+    "worker_timeout", "gem_shift", "exit_timeout", "loss", "worker_mode", "masters",
 }
 
 
