@@ -91,6 +91,21 @@ def test_bench_master_splits_the_masters_time(tmp_path):
     assert abs(sum(row["time_split"].values()) - 1.0) < 0.2  # wait+apply+metrics+mpi ≈ wall
 
 
+def test_bench_master_puts_k_masters_side_by_side(tmp_path):
+    """--masters 1 2: a row each, with the same workers; every update applied by every
+    shard, and the busiest master streams half the bytes with θ cut in two."""
+    out = tmp_path / "m.json"
+    res = mpirun(4, ["-m", "gem_mpi.bench", "master", "--sizes", "5000", "--updates", "200",
+                     "--masters", "1", "2", "--json", str(out)], timeout=300)
+    assert res.returncode == 0, res.stderr
+    one, two = json.loads(out.read_text())["rows"]
+    assert (one["masters"], two["masters"]) == (1, 2)
+    assert one["workers"] == two["workers"] == 2
+    assert one["updates"] == two["updates"] == 200
+    assert two["bytes_per_master"] * 2 == one["bytes_per_master"]
+    assert "bytes/master" in res.stdout
+
+
 def test_bench_transport_compares_get_put_with_memcpy(tmp_path):
     out = tmp_path / "t.json"
     res = mpirun(2, ["-m", "gem_mpi.bench", "transport", "--sizes", "10000", "--json",

@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--worker-step-ms", type=float, default=None,
                    help="a worker's step time (e.g. a GPU's, from bench gpu): print how many "
                    "such workers the measured master rate would keep busy")
+    m.add_argument("--masters", type=int, nargs="+", default=[1],
+                   help="θ sharded over K master ranks (as gem_mpi.train's --masters): a row "
+                   "per K, side by side, every K with the same workers")
     t = sub.add_parser("transport", help="Get/Put between 2 ranks under mpirun")
     t.add_argument("--sizes", type=int, nargs="+",
                    default=[10_000, 100_000, 1_000_000, 10_000_000])
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         result, show = bench_kernel(args.sizes, threads, not args.no_torch), print_kernel
     elif args.what == "master":
         result, show = (bench_master(args.sizes, args.updates, args.poll_max_ms,
-                                     args.worker_step_ms), print_master)
+                                     args.worker_step_ms, args.masters), print_master)
     else:
         result, show = bench_transport(args.sizes), print_transport
     if result is None:  # not rank 0
