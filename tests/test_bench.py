@@ -116,18 +116,21 @@ def test_bench_transport_compares_get_put_with_memcpy(tmp_path):
 
 
 def test_bench_overhead_measures_the_ceiling_and_splits_every_rank_s_time(tmp_path):
-    """Real runs: the ceiling processes, then GEM with 2 workers; each worker's timers and the
-    master's must account for (nearly) all of their wall time, the rest shown as 'other'."""
+    """Real runs: the ceiling processes, then GEM with 2 workers and 1 or 2 masters; each
+    worker's timers and the master's must account for (nearly) all of their wall time, the
+    rest shown as 'other'."""
     out = tmp_path / "o.json"
     res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "overhead", "--workers", "2",
                           "--methods", "gem", "--steps", "40", "--ceiling-steps", "20",
-                          "--json", str(out)], capture_output=True, text=True, timeout=300,
+                          "--masters", "1", "2", "--json", str(out)], capture_output=True, text=True, timeout=300,
                          env=mpi_env(), cwd=REPO, check=False)
     assert res.returncode == 0, res.stderr
     result = json.loads(out.read_text())
     assert result["ceiling_steps_per_s"] > 0 and len(result["ceiling_each"]) >= 1
     rows = result["rows"]
-    assert [r["mode"] for r in rows] == ["wait", "pipelined"]  # a row per worker mode
+    # a row per worker mode and number of masters
+    assert [(r["mode"], r["masters"]) for r in rows] == [("wait", 1), ("wait", 2),
+                                                          ("pipelined", 1), ("pipelined", 2)]
     for row in rows:
         assert row["method"] == "gem" and row["workers"] == 2 and row["updates"] == 80
         assert row["via"] == 1 and "via 1: mpirun" in res.stdout

@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--methods", nargs="+", default=["gem", "downpour", "adaptive"])
     o.add_argument("--worker-modes", nargs="+", default=["wait", "pipelined"],
                    choices=["wait", "pipelined"], help="a row per worker mode, side by side")
+    o.add_argument("--masters", type=int, nargs="+", default=[1],
+                   help="θ sharded over K master ranks (gem_mpi.train's --masters): a row per "
+                   "K, each with n workers (n + K ranks)")
     o.add_argument("--steps", type=int, default=600, help="steps per worker")
     o.add_argument("--ceiling-steps", type=int, default=300, help="steps per ceiling process")
     o.add_argument("--shared-max", type=int, default=16, help="measure the time-shared "

@@ -247,8 +247,10 @@ class Master:
         backoff = self.ep.idle_backoff()  # makes MPI progress too
         clock_fn = time.perf_counter
         while self.done < self.n_workers:
-            if self.lead is not None:
+            if self.lead is not None:  # the followers' rows and words
+                t = clock_fn()
                 self.lead.drain()
+                self.timers["mpi"] += clock_fn() - t
             verdict = self.sup.between_batches()
             if verdict is not None:
                 return verdict
@@ -267,7 +269,9 @@ class Master:
             self.timers["metrics"] += clock_fn() - t
             self.sup.show(self._status())
         if self.lead is not None:  # the run's θ is final once every shard applied all
+            t = clock_fn()
             self.lead.wait_finals()
+            self.timers["wait"] += clock_fn() - t
         return Verdict(Outcome.FINISHED)
 
     def _apply(self, ready: np.ndarray, limit: np.ndarray | None = None) -> list[Applied]:
