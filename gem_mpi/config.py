@@ -224,6 +224,10 @@ class RuntimeConfig:
     poll_max_ms: float = opt(5.0, "longest sleep of an idle worker between polls of the "
                              "master", check=(lambda v: 0 < v <= POLL_MAX_MS,
                                               f"in (0, {POLL_MAX_MS:g}] (milliseconds)"))
+    masters: int = opt(1, "ranks 0..K-1 are masters, each holding one shard of θ (cut between "
+                       "tensors) with its own clock, tickets and mailboxes; every worker "
+                       "commits to and pulls from each; asynchronous methods only. Must match "
+                       "the checkpoint on --resume", check=POSITIVE, metavar="K")
     no_extension: bool = opt(False, "use the numpy reference at the master even when the C++ "
                              "extension is built")
     straggler: str | None = opt(None, "make worker WORKER (1..n: its MPI rank, or rank "
@@ -317,8 +321,9 @@ def parse(argv: list[str]) -> tuple[Config | None, str | None]:
 
 
 def n_workers(cfg: Config, world_size: int) -> int:
-    """Workers in a job of ``world_size`` ranks: all of them for sync, all but the master else."""
-    return world_size if cfg.method == SYNC else world_size - 1
+    """Workers in a job of ``world_size`` ranks: all of them for sync, all but the --masters
+    master ranks else."""
+    return world_size if cfg.method == SYNC else world_size - cfg.runtime.masters
 
 
 def straggler(cfg: Config, world_size: int) -> tuple[int, float] | None:
@@ -394,6 +399,18 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
     if method != GEM and cfg.optim.gem_proxy != PROXY_LOCAL:
         raise UsageError(f"--gem-proxy {cfg.optim.gem_proxy} is GEM's: --method {method} has "
                          "no proxy (use --method gem)")
+    masters = cfg.runtime.masters
+    if method == SYNC and masters != 1:
+        raise UsageError(f"--masters {masters} is for the asynchronous methods: --method sync "
+                         "has no master (every rank is a worker)")
+    if method != SYNC and masters >= 1 and world_size <= masters:
+        raise UsageError(f"--masters {masters} needs at least {masters + 1} MPI ranks (the "
+                         f"masters and a worker), got {world_size}: launch with e.g. mpirun "
+                         f"-n {masters + 4} python -m gem_mpi.train")
+    if masters > 1 and cfg.optim.gem_proxy != PROXY_LOCAL:
+        raise UsageError(f"--gem-proxy {cfg.optim.gem_proxy} keeps one m over all of θ at the "
+                         f"master: it does not run with --masters {masters} yet (use the local "
+                         "proxy, or one master)")
     if method == SYNC and cfg.optim.worker_mode != WAIT:
         raise UsageError("--worker-mode is for the asynchronous methods: --method sync has no "
                          "master to pipeline against (every step waits for every worker)")

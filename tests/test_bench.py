@@ -91,6 +91,21 @@ def test_bench_master_splits_the_masters_time(tmp_path):
     assert abs(sum(row["time_split"].values()) - 1.0) < 0.2  # wait+apply+metrics+mpi ≈ wall
 
 
+def test_bench_master_puts_k_masters_side_by_side(tmp_path):
+    """--masters 1 2: a row each, with the same workers; every update applied by every
+    shard, and the busiest master streams half the bytes with θ cut in two."""
+    out = tmp_path / "m.json"
+    res = mpirun(4, ["-m", "gem_mpi.bench", "master", "--sizes", "5000", "--updates", "200",
+                     "--masters", "1", "2", "--json", str(out)], timeout=300)
+    assert res.returncode == 0, res.stderr
+    one, two = json.loads(out.read_text())["rows"]
+    assert (one["masters"], two["masters"]) == (1, 2)
+    assert one["workers"] == two["workers"] == 2
+    assert one["updates"] == two["updates"] == 200
+    assert two["bytes_per_master"] * 2 == one["bytes_per_master"]
+    assert "bytes/master" in res.stdout
+
+
 def test_bench_transport_compares_get_put_with_memcpy(tmp_path):
     out = tmp_path / "t.json"
     res = mpirun(2, ["-m", "gem_mpi.bench", "transport", "--sizes", "10000", "--json",
@@ -101,18 +116,21 @@ def test_bench_transport_compares_get_put_with_memcpy(tmp_path):
 
 
 def test_bench_overhead_measures_the_ceiling_and_splits_every_rank_s_time(tmp_path):
-    """Real runs: the ceiling processes, then GEM with 2 workers; each worker's timers and the
-    master's must account for (nearly) all of their wall time, the rest shown as 'other'."""
+    """Real runs: the ceiling processes, then GEM with 2 workers and 1 or 2 masters; each
+    worker's timers and the master's must account for (nearly) all of their wall time, the
+    rest shown as 'other'."""
     out = tmp_path / "o.json"
     res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "overhead", "--workers", "2",
                           "--methods", "gem", "--steps", "40", "--ceiling-steps", "20",
-                          "--json", str(out)], capture_output=True, text=True, timeout=300,
+                          "--masters", "1", "2", "--json", str(out)], capture_output=True, text=True, timeout=300,
                          env=mpi_env(), cwd=REPO, check=False)
     assert res.returncode == 0, res.stderr
     result = json.loads(out.read_text())
     assert result["ceiling_steps_per_s"] > 0 and len(result["ceiling_each"]) >= 1
     rows = result["rows"]
-    assert [r["mode"] for r in rows] == ["wait", "pipelined"]  # a row per worker mode
+    # a row per worker mode and number of masters
+    assert [(r["mode"], r["masters"]) for r in rows] == [("wait", 1), ("wait", 2),
+                                                          ("pipelined", 1), ("pipelined", 2)]
     for row in rows:
         assert row["method"] == "gem" and row["workers"] == 2 and row["updates"] == 80
         assert row["via"] == 1 and "via 1: mpirun" in res.stdout

@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--worker-step-ms", type=float, default=None,
                    help="a worker's step time (e.g. a GPU's, from bench gpu): print how many "
                    "such workers the measured master rate would keep busy")
+    m.add_argument("--masters", type=int, nargs="+", default=[1],
+                   help="θ sharded over K master ranks (as gem_mpi.train's --masters): a row "
+                   "per K, side by side, every K with the same workers")
     t = sub.add_parser("transport", help="Get/Put between 2 ranks under mpirun")
     t.add_argument("--sizes", type=int, nargs="+",
                    default=[10_000, 100_000, 1_000_000, 10_000_000])
@@ -63,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--methods", nargs="+", default=["gem", "downpour", "adaptive"])
     o.add_argument("--worker-modes", nargs="+", default=["wait", "pipelined"],
                    choices=["wait", "pipelined"], help="a row per worker mode, side by side")
+    o.add_argument("--masters", type=int, nargs="+", default=[1],
+                   help="θ sharded over K master ranks (gem_mpi.train's --masters): a row per "
+                   "K, each with n workers (n + K ranks)")
     o.add_argument("--steps", type=int, default=600, help="steps per worker")
     o.add_argument("--ceiling-steps", type=int, default=300, help="steps per ceiling process")
     o.add_argument("--shared-max", type=int, default=16, help="measure the time-shared "
@@ -106,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         result, show = bench_kernel(args.sizes, threads, not args.no_torch), print_kernel
     elif args.what == "master":
         result, show = (bench_master(args.sizes, args.updates, args.poll_max_ms,
-                                     args.worker_step_ms), print_master)
+                                     args.worker_step_ms, args.masters), print_master)
     else:
         result, show = bench_transport(args.sizes), print_transport
     if result is None:  # not rank 0

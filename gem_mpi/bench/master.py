@@ -13,85 +13,122 @@ from gem_mpi.bench.kernel import GEM_BYTES_PER_ELEMENT, _triad_seconds
 
 
 def bench_master(sizes: list[int], updates: int, poll_ms: float,
-                 worker_step_ms: float | None = None) -> dict | None:
+                 worker_step_ms: float | None = None,
+                 masters: list[int] | None = None) -> dict | None:
     """Workers commit pre-computed GEM updates as fast as they can; the real master applies,
     on the kernel threads a run would give it (GEM_NUM_THREADS, else the node's cores the
-    workers beside it leave)."""
+    workers beside it leave). ``masters``: one row per K (θ sharded over K master ranks,
+    --masters K), side by side; every K gets the same workers (the job's ranks less the
+    largest K), the ranks a smaller K does not use wait."""
     from gem_mpi.config import Config
-    from gem_mpi.engine.master import Master
+    from gem_mpi.engine import shards
+    from gem_mpi.engine.master import Master, Role
     from gem_mpi.problem import build_problem
-    from gem_mpi.protocol import DONE, UPDATE, WORKER_TIME_COLUMNS, layout
+    from gem_mpi.protocol import DONE, UPDATE, WORKER_TIME_COLUMNS
     from gem_mpi.run.rank import local_placement
-    from gem_mpi.transport import start_mpi
-    from gem_mpi.transport.endpoints import WorkerEndpoint
+    from gem_mpi.transport import MPI, soft_barrier, start_mpi
+    from gem_mpi.transport.endpoints import WorkerShards
 
-    comm = start_mpi()
-    rank, size = comm.Get_rank(), comm.Get_size()
-    if size < 2:
-        raise SystemExit("bench master needs mpirun with at least 2 ranks")
-    n_workers = size - 1
-    threads = gem.kernel_threads(local_placement(comm).local_size)
+    world = start_mpi()
+    masters = masters or [1]
+    top = max(masters)
+    if world.Get_size() <= top:
+        raise SystemExit(f"bench master --masters {top} needs mpirun with at least {top + 1} "
+                         "ranks")
+    threads = gem.kernel_threads(local_placement(world).local_size)
     rows = []
     for n in sizes:
-        tmp = tempfile.mkdtemp() if rank == 0 else None
-        cfg = Config.of(method="gem", model="quadratic", dataset="synthetic", quadratic_dim=n,
-                        eval_every=0, max_steps=max(1, updates // n_workers),
-                        metrics=os.path.join(tmp, "bench.h5") if tmp else None)
-        steps = cfg.data.max_steps
-        problem = build_problem(cfg.data, with_theta0=rank == 0)
-        sizes = layout(cfg.optim, problem.n_params, n_workers)
-        if rank == 0:
-            triad_s = _triad_seconds(GEM_BYTES_PER_ELEMENT * n, threads)
-            kernel = gem.Kernel(problem.offsets, threads=threads)
-            master = Master(cfg, comm, sizes, problem, kernel)
-            master.run()
-            summary = master.sup.summary
-            ups = summary["updates"] / summary["wall_s"]
-            bound = 1.0 / triad_s  # one update touches as many bytes as one triad call here
-            split = {k: summary[f"master_{k}_s"] / summary["wall_s"]
-                     for k in ("wait", "apply", "metrics", "mpi")}
-            apply_s = summary["master_apply_s"] / summary["updates"]
-            rows.append({"params": n, "workers": n_workers, "updates": summary["updates"],
-                         "updates_per_s": ups, "bound_updates_per_s": bound,
-                         "ratio_to_bound": ups / bound, "time_split": split,
-                         "apply_ms": 1e3 * apply_s,
-                         # the kernel's own speed during the run against the quiet triad:
-                         # the ceiling of ratio_to_bound when the workers share the machine
-                         "apply_ratio_to_bound": triad_s / apply_s,
-                         # workers of that step time this master keeps busy: its rate (as
-                         # measured, and its kernel alone) over one worker's demand
-                         **({"workers_served": ups * worker_step_ms / 1e3,
-                             "workers_served_by_kernel": worker_step_ms / (1e3 * apply_s)}
-                            if worker_step_ms else {})})
-        else:
-            ep = WorkerEndpoint(comm, sizes, poll_limit=poll_ms / 1000.0)
-            delta = (np.random.default_rng(rank).normal(size=n) * 1e-3).astype(np.float32)
-            a = np.abs(delta) * np.float32(2.0)
-            version = ep.pull()
-            for seq in range(steps):
-                ep.commit(UPDATE, seq, version, 0.0, 0.0, (delta, a, ep.theta))
-                ep.wait_slot_free()
-                version = ep.pull()
-            no_split = np.full(len(WORKER_TIME_COLUMNS), np.nan, np.float32)  # not measured
-            ep.commit(DONE, steps, version, parts=(no_split,))
-            ep.wait_shutdown()
-            ep.close()
-    if rank != 0:
+        for k_masters in masters:
+            # the masters 0..K-1 and the workers (the ranks from the largest K on); the
+            # ranks a K leaves out sleep until the next one (a blocking collective spins)
+            soft_barrier(world)
+            rank = world.Get_rank()
+            used = rank < k_masters or rank >= top
+            comm = world.Split(0 if used else MPI.UNDEFINED, rank)
+            if comm == MPI.COMM_NULL:
+                continue
+            rank, n_workers = comm.Get_rank(), comm.Get_size() - k_masters
+            tmp = tempfile.mkdtemp() if rank == 0 else None
+            cfg = Config.of(method="gem", model="quadratic", dataset="synthetic",
+                            quadratic_dim=n, eval_every=0, masters=k_masters,
+                            max_steps=max(1, updates // n_workers),
+                            metrics=os.path.join(tmp, "bench.h5") if tmp else None)
+            steps = cfg.data.max_steps
+            problem = build_problem(cfg.data, with_theta0=rank < k_masters)
+            plan = shards.plan(cfg, problem, n_workers)
+            comms, link = shards.connect(comm, plan)
+            if rank < k_masters:
+                lo_t, hi_t = plan.tensors[rank]
+                offsets = problem.offsets[lo_t:hi_t + 1] - problem.offsets[lo_t]
+                kernel = gem.Kernel(offsets, threads=threads)
+                role = Role(rank, plan, link) if link is not None else None
+                master = Master(cfg, comms[rank], plan.layouts[rank], problem, kernel,
+                                role=role)
+                master.run()
+                if rank == 0:
+                    rows.append(_row(master.sup.summary, n, n_workers, k_masters, plan,
+                                     threads, worker_step_ms))
+            else:
+                ep = WorkerShards(comms, plan.layouts, plan.bounds,
+                                  poll_limit=poll_ms / 1000.0)
+                delta = (np.random.default_rng(rank).normal(size=n) * 1e-3).astype(np.float32)
+                a = np.abs(delta) * np.float32(2.0)
+                versions = ep.pull()
+                for seq in range(steps):
+                    ep.commit(UPDATE, seq, versions, 0.0, 0.0, (delta, a, ep.theta))
+                    ep.wait_slot_free()
+                    versions = ep.pull()
+                no_split = np.full(len(WORKER_TIME_COLUMNS), np.nan, np.float32)
+                ep.commit(DONE, steps, versions, parts=(no_split,))
+                ep.wait_shutdown()
+                ep.close()
+            comm.Free()
+    if world.Get_rank() != 0:
         return None
     return {"bench": "master", "machine": _machine(), "threads": threads, "rows": rows,
             "worker_step_ms": worker_step_ms}
+
+
+def _row(summary: dict, n: int, n_workers: int, k_masters: int, plan: object, threads: int,
+         worker_step_ms: float | None) -> dict:
+    """One row: rank 0's rate (every shard applies every update, and the run ends when the
+    last shard has), the bytes the busiest master streams per update and its triad bound."""
+    largest = max(hi - lo for lo, hi in plan.bounds)
+    streamed = GEM_BYTES_PER_ELEMENT * largest
+    triad_s = _triad_seconds(streamed, threads)
+    ups = summary["updates"] / summary["wall_s"]
+    bound = 1.0 / triad_s  # one update touches as many bytes as one triad call here
+    split = {k: summary[f"master_{k}_s"] / summary["wall_s"]
+             for k in ("wait", "apply", "metrics", "mpi")}
+    apply_s = summary["master_apply_s"] / summary["updates"]
+    return {"params": n, "masters": k_masters, "workers": n_workers,
+            "updates": summary["updates"], "updates_per_s": ups,
+            "bytes_per_master": streamed, "bound_updates_per_s": bound,
+            "ratio_to_bound": ups / bound, "time_split": split,
+            "apply_ms": 1e3 * apply_s,
+            # the kernel's own speed during the run against the quiet triad: the ceiling
+            # of ratio_to_bound when the workers share the machine
+            "apply_ratio_to_bound": triad_s / apply_s,
+            # workers of that step time these masters keep busy: the rate (as measured,
+            # and rank 0's kernel alone) over one worker's demand
+            **({"workers_served": ups * worker_step_ms / 1e3,
+                "workers_served_by_kernel": worker_step_ms / (1e3 * apply_s)}
+               if worker_step_ms else {})}
 
 
 def print_master(result: dict) -> None:
     print(f"gem_mpi.bench master: {result['machine']}; kernel threads {result['threads']}; "
           "bound = triad bandwidth / bytes touched per update; apply ratio = the kernel's "
           "own speed during the run against that bound (the ceiling of ratio)")
-    cols = ["params", "workers", "upd/s", "bound upd/s", "ratio", "apply ms", "apply ratio",
-            "wait", "apply", "metrics", "mpi"]
+    print("  (K masters: θ sharded over K ranks; bytes/master = what the busiest master "
+          "streams per update; the split is rank 0's)")
+    cols = ["params", "masters", "workers", "upd/s", "bytes/master", "bound upd/s", "ratio",
+            "apply ms", "apply ratio", "wait", "apply", "metrics", "mpi"]
     print("  ".join(f"{c:>11}" for c in cols))
     for r in result["rows"]:
         sp = r["time_split"]
-        vals = [r["params"], r["workers"], f"{r['updates_per_s']:.0f}",
+        vals = [r["params"], r.get("masters", 1), r["workers"], f"{r['updates_per_s']:.0f}",
+                f"{r.get('bytes_per_master', 0) / 1e6:.1f} MB",
                 f"{r['bound_updates_per_s']:.0f}", f"{r['ratio_to_bound']:.2f}",
                 f"{r['apply_ms']:.3f}", f"{r['apply_ratio_to_bound']:.2f}",
                 *(f"{100 * sp[k]:.0f}%" for k in
@@ -99,8 +136,8 @@ def print_master(result: dict) -> None:
         print("  ".join(f"{v!s:>11}" for v in vals))
     step = result.get("worker_step_ms")
     for r in result["rows"] if step else []:
-        print(f"at {r['params']} parameters, workers taking {step:g} ms a step ask "
-              f"{1e3 / step:.1f} upd/s each: this master served {r['updates_per_s']:.0f} upd/s "
+        print(f"at {r['params']} parameters, K = {r.get('masters', 1)}: workers taking "
+              f"{step:g} ms a step ask {1e3 / step:.1f} upd/s each: the masters served {r['updates_per_s']:.0f} upd/s "
               f"here, enough for {r['workers_served']:.1f} such workers; its kernel alone "
               f"({r['apply_ms']:.2f} ms an update) would serve "
               f"{r['workers_served_by_kernel']:.1f}")

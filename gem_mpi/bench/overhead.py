@@ -107,16 +107,17 @@ def bench_overhead(args: argparse.Namespace) -> dict:
         for n in args.workers:
             shared = (float(sum(ceiling(options, n, args.ceiling_steps)))
                       if n <= args.shared_max else None)
-            for method, mode in itertools.product(args.methods, args.worker_modes):
+            for method, mode, k in itertools.product(args.methods, args.worker_modes,
+                                                     args.masters):
                 for via, mpirun in enumerate(args.mpirun, 1):
                     run, job_s = run_training(
-                        mpirun, n + 1,
+                        mpirun, n + k,
                         ["--method", method, "--model", args.model, "--dataset", args.dataset,
                          "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
                          "--eval-every", "0", "--threads", "1", "--log-every", "60",
-                         "--worker-mode", mode],
-                        os.path.join(out_dir, f"{method}_{mode}_{n}_{via}.h5"), "overhead")
-                    rows.append({"via": via, "mode": mode,
+                         "--worker-mode", mode, "--masters", str(k)],
+                        os.path.join(out_dir, f"{method}_{mode}_{n}_{k}_{via}.h5"), "overhead")
+                    rows.append({"via": via, "mode": mode, "masters": k,
                                  **_row(run, method, n, job_s, total, shared)})
     return {"bench": "overhead", "machine": _machine(), "model": args.model,
             "dataset": args.dataset, "batch_size": args.batch_size, "cores": cores,
@@ -131,20 +132,21 @@ def print_overhead(result: dict) -> None:
           "worker, no evaluation")
     print(f"ceiling: {result['cores']} plain momentum-SGD processes at once (one per core, no "
           f"MPI): {result['ceiling_steps_per_s']:.1f} steps/s ({each})")
-    print("ratio = applied updates/s over the master's wall time / ceiling; shared = the same "
+    print("masters: K of --masters K (θ sharded over K ranks; the master split is rank 0's); "
+          "ratio = applied updates/s over the master's wall time / ceiling; shared = the same "
           "plain loop as n processes at once (time-shared, no MPI; measured up to n = "
           f"{result['shared_max']}), vs shared = upd/s / shared; the splits are shares of wall "
           "time (workers: mean over workers), 'other' is what no timer covers")
     for via, launcher in enumerate(result["launchers"], 1):
         print(f"via {via}: {launcher}")
-    cols = ["method", "mode", "workers", "via", "upd/s", "ratio", "shared", "vs shared",
+    cols = ["method", "mode", "masters", "workers", "via", "upd/s", "ratio", "shared", "vs shared",
             *(f"w:{k}" for k in WORKER_SPLIT),
             "w:other", "m:idle", *(f"m:{k}" for k in MASTER_SPLIT[1:]), "m:other"]
     print(" ".join(f"{c:>9}" for c in cols))
     for r in result["rows"]:
         w, m = r["worker_split"], r["master_split"]
         shared = r["shared_ceiling"]
-        vals = [r["method"], r["mode"], r["workers"], r["via"], f"{r['updates_per_s']:.1f}",
+        vals = [r["method"], r["mode"], r.get("masters", 1), r["workers"], r["via"], f"{r['updates_per_s']:.1f}",
                 f"{r['ratio']:.2f}",
                 f"{shared:.1f}" if shared else "–",
                 f"{r['ratio_shared']:.2f}" if shared else "–",

@@ -16,6 +16,8 @@ import numpy as np
 from gem_mpi.algorithm.kernel import GemStats, Kernel
 from gem_mpi.algorithm.rule import MasterRule
 from gem_mpi.config import GEM, PROXY_GLOBAL, Config
+from gem_mpi.engine.shards import Follower, Lead, Link, Plan
+from gem_mpi.errors import OutputError
 from gem_mpi.problem import Problem
 from gem_mpi.protocol import (
     ABORTED,
@@ -24,6 +26,7 @@ from gem_mpi.protocol import (
     FINISHED,
     OUTPUT_FAILED,
     STOPPED,
+    UPDATE,
     WORKER_TIME_COLUMNS,
     Layout,
 )
@@ -56,24 +59,42 @@ class Applied:
     stats: GemStats | None
 
 
+@dataclass(frozen=True)
+class Role:
+    """This master's place among --masters K > 1: its shard, the cut, the lead's link."""
+
+    shard: int
+    plan: Plan
+    link: Link
+
+
 class Master:
     """The central variable θ and the run's position: the asynchronous methods' engine."""
 
     noun = "update"
+    DRAIN_S = 2e-3  # sharded: rank 0 reads the other masters' messages at most this often
 
     def __init__(self, cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
                  kernel: Kernel, stop: StopFlag | None = None, resumed: dict | None = None,
-                 eval_threads: int | None = None, run_id: str | None = None) -> None:
+                 eval_threads: int | None = None, run_id: str | None = None,
+                 role: Role | None = None) -> None:
+        """``role``: with --masters K > 1, this master's shard (``resumed`` then holds this
+        shard's θ, clock, tickets and kept s, the rest as the checkpoint has it)."""
         self.n_workers = layout.n_workers
         self.clock = 0
         self.next_seq = np.zeros(self.n_workers, np.int64)
+        self.role = role
+        lo, hi = role.plan.bounds[role.shard] if role else (0, problem.n_params)
+        self.tensors = role.plan.tensors[role.shard] if role else (0, len(problem.sizes))
+        self.n_tensors = len(problem.sizes)
         # a resumed θ, its version and the ticket count go to the windows as they open (a
         # worker pulls at once); load_state restores the rest
-        self.ep = MasterEndpoint(comm, layout, resumed["theta"] if resumed else problem.theta0,
+        self.ep = MasterEndpoint(comm, layout,
+                                 resumed["theta"] if resumed else problem.theta0[lo:hi],
                                  version0=resumed["clock"] if resumed else 0,
                                  ticket0=resumed["tickets"] if resumed else 0,
                                  zero=kernel.zero)  # θ and the mailboxes: first touch
-        self.rule = MasterRule(cfg.optim, kernel, problem.n_params, self.n_workers)
+        self.rule = MasterRule(cfg.optim, kernel, hi - lo, self.n_workers)
         self.verbose = cfg.monitor.verbose
         self.eval_split = cfg.data.eval_split  # what the end line calls the evaluation
         self.exit_timeout = cfg.monitor.exit_timeout
@@ -83,9 +104,17 @@ class Master:
         self.worker_time = np.full((self.n_workers, len(WORKER_TIME_COLUMNS)), np.nan)
         self.recent_staleness = 0.0
         self.final_theta: np.ndarray | None = None  # θ once the run ended (rank 0's result)
-        self.sup = RunSupervisor(cfg, problem, self.n_workers, self, kernel.name,
-                                 stop if stop is not None else StopFlag(), resumed,
-                                 eval_threads=eval_threads, run_id=run_id)
+        self.lead: Lead | None = None  # rank 0 of a sharded run: its side of the followers
+        if role is not None and role.shard > 0:
+            self.sup = Follower(self, role.link, role.shard, self.exit_timeout)
+            if resumed:
+                self.load_state(resumed)
+        else:
+            self.sup = RunSupervisor(cfg, problem, self.n_workers, self, kernel.name,
+                                     stop if stop is not None else StopFlag(), resumed,
+                                     eval_threads=eval_threads, run_id=run_id)
+            if role is not None:
+                self.lead = Lead(role.link, role.plan.masters, self.sup, self.ep.progress)
         self.clock0 = self.clock  # where this run (or this resume of it) started
 
     # --- the engine, as the supervisor drives it --------------------------------------------
@@ -94,14 +123,81 @@ class Master:
         return self.clock
 
     def theta(self) -> np.ndarray:
-        return self.ep.theta
+        """θ; sharded, gathered from every shard (each as it is when it answers: no cut)."""
+        if self.lead is None:
+            return self.ep.theta
+        if self._all_done():
+            pieces = [self.lead.finals[k]["theta"] for k in self.lead.followers]
+        else:
+            self.lead.send_all(("theta",))
+            pieces = self.lead.collect("piece")
+        return np.concatenate([self.ep.theta, *pieces])
+
+    def _all_done(self) -> bool:
+        return (self.done == self.n_workers and self.lead is not None
+                and len(self.lead.finals) == len(self.lead.followers))
+
+    def shard_state(self) -> dict:
+        """This shard's part of a checkpoint (copies: the shard goes on after it)."""
+        kept = self.rule.kept(self.ep.payloads)
+        return {"theta": self.ep.theta.copy(), "clock": self.clock,
+                "tickets": self.ep.tickets_drawn(), "next_seq": self.next_seq.copy(),
+                "kept_s": None if kept is None else kept.copy(),
+                "rejected": sum(self.rejected.values())}
 
     def state(self) -> dict:
-        return {"theta": self.ep.theta, "clock": self.clock,
-                "tickets": self.ep.tickets_drawn(), "next_seq": self.next_seq,
-                "kept_s": self.rule.kept(self.ep.payloads), "proxy_m": self.rule.proxy_m}
+        if self.lead is None:
+            return {"theta": self.ep.theta, "clock": self.clock,
+                    "tickets": self.ep.tickets_drawn(), "next_seq": self.next_seq,
+                    "kept_s": self.rule.kept(self.ep.payloads), "proxy_m": self.rule.proxy_m}
+        others = self._cut()  # catches this shard up to the cut too
+        parts = [self.shard_state(), *others]
+        kept = [p["kept_s"] for p in parts]
+        return {"theta": np.concatenate([p["theta"] for p in parts]), "clock": self.clock,
+                "tickets": parts[0]["tickets"], "next_seq": self.next_seq,
+                "kept_s": None if kept[0] is None else np.concatenate(kept, axis=1),
+                "shard_clock": np.array([p["clock"] for p in parts], np.int64),
+                "shard_tickets": np.array([p["tickets"] for p in parts], np.int64)}
+
+    def _cut(self) -> list[dict]:
+        """The followers' parts at one consistent cut: every shard holds exactly the same
+        updates (see gem_mpi.engine.shards). Raises OutputError when a shard cannot reach it
+        within --exit-timeout (a worker died or hangs between two of its posts)."""
+        lead = self.lead
+        if self._all_done():
+            return [lead.finals[k] for k in lead.followers]
+        lead.send_all(("hold",))
+        target = np.max([self.next_seq, *lead.collect("at")], axis=0)
+        reached = self.catch_up(target, self.exit_timeout)
+        lead.send_all(("cut", target))
+        states = lead.collect("state")
+        lead.send_all(("go",))
+        if not reached or any(st is None for st in states):
+            raise OutputError(f"checkpoint at update {self.clock}: the {lead.masters} shards "
+                              f"did not reach one consistent cut within --exit-timeout "
+                              f"{self.exit_timeout:g} s (a worker stopped between its posts "
+                              "to two shards); the previous checkpoint is kept")
+        return states
+
+    def catch_up(self, target: np.ndarray, timeout_s: float) -> bool:
+        """Apply, from the mailboxes, only updates below ``target`` (each worker's next
+        update number) until this shard is there; False if not within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        backoff = self.ep.idle_backoff()
+        while (self.next_seq < target).any():
+            if time.monotonic() > deadline:
+                return False
+            ready = self.ep.ready()
+            batch = self._apply(ready, limit=target) if ready.size else []
+            if batch:
+                backoff.reset()
+                self._record(batch, len(ready))
+            else:
+                backoff.wait()
+        return True
 
     def load_state(self, state: dict) -> None:
+        """A resumed shard's state (sharded: ``state`` holds this shard's own clock and s)."""
         self.clock = int(state["clock"])
         self.next_seq = np.array(state["next_seq"], dtype=np.int64)
         kept = self.rule.kept(self.ep.payloads)
@@ -114,6 +210,8 @@ class Master:
     def run(self) -> Outcome:
         """Serve until every worker is done or the run ends otherwise; tell the workers, and
         end the job within --exit-timeout seconds whatever they do."""
+        if isinstance(self.sup, Follower):
+            return self._run_follower()
         outcome = self.sup.run()
         if outcome is Outcome.STUCK:  # checkpointed and said: a stuck rank would never
             MPI.COMM_WORLD.Abort(EXIT_CODES[outcome])  # take part in freeing the windows
@@ -123,7 +221,10 @@ class Master:
                 "held NaN or Inf): θ never moved. Lower --lr (or --kappa), or look at the "
                 "data")
             outcome = Outcome.FAILED
-        self.final_theta = self.ep.theta.copy()  # θ's window is freed at the shutdown
+        self.final_theta = self.theta().copy()  # θ's window is freed at the shutdown
+        if self.lead is not None:  # the followers end with the same word, once said
+            self.lead.send_all(("end", SHUTDOWN.get(outcome, ABORTED)))
+            self.lead.collect("bye")
         missing = self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED), self.exit_timeout)
         if missing:
             code = EXIT_CODES[outcome]
@@ -133,10 +234,30 @@ class Master:
             MPI.COMM_WORLD.Abort(code)
         return outcome
 
+    def _run_follower(self) -> Outcome:
+        """A follower's run: its loop, then the lead's word, then the shutdown of its shard."""
+        word = self.sup.run()
+        self.role.link.send(0, ("bye", None))  # after every row: the lead has them all
+        self.role.link.flush()
+        outcome = OUTCOME_OF.get(word, Outcome.FAILED)
+        missing = self.ep.shutdown(word, self.exit_timeout)
+        if missing:
+            say(f"error: worker(s) {', '.join(map(str, missing))} did not leave shard "
+                f"{self.role.shard} within --exit-timeout {self.exit_timeout:g} s: stuck; "
+                f"ending the job")
+            MPI.COMM_WORLD.Abort(EXIT_CODES[outcome])
+        return outcome
+
     def loop(self) -> Verdict:
         backoff = self.ep.idle_backoff()  # makes MPI progress too
         clock_fn = time.perf_counter
+        next_drain = 0.0
         while self.done < self.n_workers:
+            if self.lead is not None and clock_fn() >= next_drain:  # the followers' rows
+                t = clock_fn()  # and words; at most every DRAIN_S: an Iprobe that finds
+                self.lead.drain()  # nothing may yield the core (oversubscribed Open MPI)
+                next_drain = clock_fn() + self.DRAIN_S
+                self.timers["mpi"] += next_drain - self.DRAIN_S - t
             verdict = self.sup.between_batches()
             if verdict is not None:
                 return verdict
@@ -154,11 +275,20 @@ class Master:
             self._record(batch, len(ready))
             self.timers["metrics"] += clock_fn() - t
             self.sup.show(self._status())
+        if self.lead is not None:  # the run's θ is final once every shard applied all
+            t = clock_fn()
+            self.lead.wait_finals()
+            self.timers["wait"] += clock_fn() - t
         return Verdict(Outcome.FINISHED)
 
-    def _apply(self, ready: np.ndarray) -> list[Applied]:
-        """Apply every ready update under one exclusive lock: the lock and the slot releases
-        cost as much as a small update, so they are paid per batch."""
+    def _apply(self, ready: np.ndarray, limit: np.ndarray | None = None) -> list[Applied]:
+        """Apply every ready update in one write of θ: the seqlock's words and the slot
+        releases cost as much as a small update, so they are paid per batch. ``limit``
+        (a checkpoint's cut): only updates below each worker's limit, the rest left waiting."""
+        if limit is not None:
+            ready = np.array([s for s in ready if self._below(int(s), limit)], np.int64)
+            if ready.size == 0:
+                return []
         clock_fn = time.perf_counter
         t_batch = clock_fn()
         sup = self.sup
@@ -193,6 +323,19 @@ class Master:
         self.timers["mpi"] += clock_fn() - t_batch - apply_total
         return batch
 
+    def _below(self, slot: int, limit: np.ndarray) -> bool:
+        msg = self.ep.take(slot)
+        return msg.kind == UPDATE and msg.seq < limit[msg.rank - 1]
+
+    def _full(self, per_tensor: np.ndarray) -> np.ndarray:
+        """A shard's per-tensor statistic in the metrics' columns of every tensor (NaN for
+        the tensors of the other shards)."""
+        if self.role is None:
+            return per_tensor
+        out = np.full(self.n_tensors, np.nan, np.float32)
+        out[self.tensors[0]:self.tensors[1]] = per_tensor
+        return out
+
     def _record(self, batch: list[Applied], queue: int) -> None:
         sup, theta = self.sup, self.ep.theta
         for u in batch:
@@ -206,15 +349,17 @@ class Master:
                        "compute_s": u.compute_s, "apply_s": u.apply_s}
                 if u.stats is not None:
                     s = u.stats
-                    row.update(pi_median=s.pi_median, clamp_frac=s.clamp_frac,
-                               clamp_low=s.clamp_low_frac, zero_delta=s.zero_delta_frac,
+                    full = self._full
+                    row.update(pi_median=full(s.pi_median), clamp_frac=full(s.clamp_frac),
+                               clamp_low=full(s.clamp_low_frac),
+                               zero_delta=full(s.zero_delta_frac),
                                pi_median_all=s.pi_median_all,
                                energy_central=s.energy_central, energy_proxy=s.energy_proxy)
                 sup.record_update(row)
             self.recent_staleness = 0.95 * self.recent_staleness + 0.05 * u.staleness
             sup.observe(u.loss, u.clock, theta)
             if sup.eval_due(u.clock):
-                sup.evaluate(theta, self.clock)
+                sup.evaluate(self.theta(), self.clock)
 
     def _reject(self, u: Applied) -> None:
         """Count a poisoned update; name its worker the first time and every 100th."""
@@ -230,8 +375,14 @@ class Master:
                 f"workers done {self.done}/{self.n_workers}")
 
     def summary(self) -> dict:
-        return {"rejected": sum(self.rejected.values()), "worker_time": self.worker_time,
-                **{f"master_{k}_s": v for k, v in self.timers.items()}}
+        out = {"rejected": sum(self.rejected.values()), "worker_time": self.worker_time,
+               **{f"master_{k}_s": v for k, v in self.timers.items()}}
+        if self.lead is not None and self._all_done():  # each shard's clock and rejections
+            finals = [self.lead.finals[k] for k in self.lead.followers]
+            out["shard_clock"] = np.array([self.clock, *[f["clock"] for f in finals]])
+            out["shard_rejected"] = np.array([out["rejected"],
+                                              *[f["rejected"] for f in finals]])
+        return out
 
     def done_line(self, s: dict) -> str:
         acc = "n/a" if np.isnan(s["test_accuracy"]) else f"{100 * s['test_accuracy']:.2f} %"
@@ -245,16 +396,29 @@ class Master:
 
 def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
                  stop: StopFlag, resumed: dict | None, placement: Placement,
-                 run_id: str, ranks: list[RankPlace] | None = None) -> Master:
-    """Rank 0's part of an asynchronous run, set up: its kernel and the kernel's threads,
-    the evaluation's threads, and the start-up line (and, given every rank's ``ranks``
-    from :func:`gem_mpi.run.rank.gather_placement`, the placement line)."""
+                 run_id: str, ranks: list[RankPlace] | None = None,
+                 role: Role | None = None) -> Master:
+    """A master's part of an asynchronous run, set up: its kernel and the kernel's threads,
+    the evaluation's threads, and on rank 0 the start-up line (and, given every rank's
+    ``ranks`` from :func:`gem_mpi.run.rank.gather_placement`, the placement line).
+    ``role``: this master's shard of θ with --masters K > 1 (its kernel streams its tensors)."""
     from gem_mpi.algorithm.kernel import kernel_threads, node_cores_left
 
+    offsets = problem.offsets
+    if role is not None:
+        t_lo, t_hi = role.plan.tensors[role.shard]
+        offsets = offsets[t_lo:t_hi + 1] - offsets[t_lo]
     # the kernel's threads (GEM_NUM_THREADS, else the cores the other ranks on the node leave)
-    kernel = Kernel(problem.offsets, prefer_extension=not cfg.runtime.no_extension,
+    kernel = Kernel(offsets, prefer_extension=not cfg.runtime.no_extension,
                     threads=kernel_threads(placement.local_size))
-    say(f"{cfg.method} on {cfg.data.model}/{cfg.data.dataset}: 1 master + "
+    eval_threads = node_cores_left(placement.local_size)
+    if role is not None and role.shard > 0:
+        return Master(cfg, comm, layout, problem, kernel, stop, resumed, eval_threads,
+                      run_id=run_id, role=role)
+    masters = "1 master" if role is None else (
+        f"{role.plan.masters} masters (θ's shards: "
+        + ", ".join(f"{hi - lo}" for lo, hi in role.plan.bounds) + " parameters)")
+    say(f"{cfg.method} on {cfg.data.model}/{cfg.data.dataset}: {masters} + "
         f"{layout.n_workers} workers, {problem.n_params} parameters, master kernel: "
         f"{kernel.name}"
         + (f"; resuming {resumed['path']} at update {resumed['clock']}"
@@ -262,11 +426,10 @@ def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Prob
     # the evaluation's torch threads: the same cores. The evaluation runs in a background
     # thread every --eval-every updates and time-shares them with the kernel; the kernel's
     # pool sleeps between updates, so a master waiting for updates leaves them all to it.
-    eval_threads = node_cores_left(placement.local_size)
     if ranks is not None:
         say(placement_line(ranks, kernel.threads, eval_threads))
     return Master(cfg, comm, layout, problem, kernel, stop, resumed, eval_threads,
-                  run_id=run_id)
+                  run_id=run_id, role=role)
 
 
 def _changes_note(state: dict) -> str:

@@ -19,12 +19,13 @@ import numpy as np
 
 from gem_mpi.algorithm.rule import WorkerRule
 from gem_mpi.config import PIPELINED, Config, DataConfig, OptimConfig
+from gem_mpi.engine.shards import Plan
 from gem_mpi.outputs import checkpoint
 from gem_mpi.problem import Problem, unflatten
-from gem_mpi.protocol import DONE, STOPPED, UPDATE, WORKER_TIME_COLUMNS, Layout
+from gem_mpi.protocol import DONE, STOPPED, UPDATE, WORKER_TIME_COLUMNS
 from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
 from gem_mpi.transport import MPI
-from gem_mpi.transport.endpoints import WorkerEndpoint
+from gem_mpi.transport.endpoints import WorkerShards
 
 
 class _QuadraticSteps:
@@ -201,22 +202,30 @@ class _TorchSteps:
         return self._a_host.numpy()
 
 
-def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
-               placement: Placement, start_seq: int = 0, run_id: str = "") -> int:
+def run_worker(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
+               placement: Placement, start_seq: int = 0, run_id: str = "",
+               comms: list[MPI.Intracomm] | None = None) -> int:
     """Train until the data budget is used (or the master stops the run early); returns the
     master's stop word (one of gem_mpi.protocol's stop words).
 
     ``start_seq`` > 0 resumes from a checkpoint: the first ``start_seq`` updates of this
-    worker were applied before it, so its data stream continues after them.
+    worker were applied before it, so its data stream continues after them. ``comms``: each
+    shard's communicator (:func:`gem_mpi.transport.endpoints.shard_comm`; default ``comm``,
+    one master). The worker's number (1..n) is its rank less the masters' ranks before it
+    but one, so worker w reads the same data, whatever --masters.
     """
-    rank = comm.Get_rank()
+    rank = comm.Get_rank() - (plan.masters - 1)  # the worker's number, 1..n
     if problem.quadratic is not None:
         steps_fn: _QuadraticSteps | _TorchSteps = _QuadraticSteps(cfg.optim, cfg.data, problem,
                                                                   rank)
     else:
-        steps_fn = _TorchSteps(cfg, problem, rank, layout.n_workers, placement, start_seq)
-    ep = WorkerEndpoint(comm, layout, poll_limit=cfg.runtime.poll_max_ms / 1000.0,
-                        theta_into=steps_fn.pull_buffer)
+        steps_fn = _TorchSteps(cfg, problem, rank, plan.n_workers, placement, start_seq)
+    ep = WorkerShards(comms or [comm], plan.layouts, plan.bounds,
+                      poll_limit=cfg.runtime.poll_max_ms / 1000.0,
+                      theta_into=steps_fn.pull_buffer)
+    # sharded, an update holding NaN/Inf in one shard's part must be rejected by every shard:
+    # the worker poisons every shard's part of it (the kernels then all reject it)
+    poison_all = plan.poison_all if plan.masters > 1 else None
     directory = cfg.outputs.checkpoint_dir
     on_device = isinstance(steps_fn, _TorchSteps)
     rule = WorkerRule(cfg.optim, steps_fn.delta if on_device else np.zeros(problem.n_params,
@@ -267,6 +276,8 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
                 s = s_copy
             parts = rule.payload(delta, s, steps_fn.delta if on_device else None,
                                  steps_fn.host)
+            if poison_all is not None:
+                poison_all(parts)
             t4 = clock()
             split["payload"] += t4 - t3
             pulled = ep.pull()
@@ -279,6 +290,8 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Proble
             # s: the θ this Δθ was computed on; commit, wait for its application, pull
             parts = rule.payload(delta, ep.theta, steps_fn.delta if on_device else None,
                                  steps_fn.host)
+            if poison_all is not None:
+                poison_all(parts)
             t3 = clock()
             split["payload"] += t3 - t2
             ep.commit(UPDATE, seq, version, loss, compute_s, parts)

@@ -45,8 +45,10 @@ from gem_mpi.outputs.files import atomic_write, os_reason
 FORMAT = 2  # 2: run id and checksums
 NAME = "checkpoint_{clock:012d}.h5"
 _PATTERN = re.compile(r"checkpoint_(\d{12})\.h5$")
-# momentum: sync's; kept_s: GEM paper's s; proxy_m: the master's m of GEM's global proxy
-ARRAYS = ("theta", "next_seq", "momentum", "kept_s", "proxy_m")
+# momentum: sync's; kept_s: GEM paper's s; proxy_m: the master's m of GEM's global proxy;
+# shard_*, rows_shards: --masters K > 1
+ARRAYS = ("theta", "next_seq", "momentum", "kept_s", "proxy_m", "shard_clock", "shard_tickets",
+          "rows_shards")
 # Settings a resume may change: η (a new learning rate after a stop is a common wish; each
 # worker's Δθ simply uses the new one) and where the data lives. Every other option of the
 # update rule and of the data must match, since the state in the checkpoint (θ, each
@@ -65,7 +67,8 @@ def _sha256(a: np.ndarray) -> str:
 def _write(tmp: str, theta: np.ndarray, state: dict) -> None:
     arrays = {"theta": theta, "next_seq": np.asarray(state["next_seq"], dtype=np.int64),
               "momentum": state.get("momentum"), "kept_s": state.get("kept_s"),
-              "proxy_m": state.get("proxy_m")}
+              "proxy_m": state.get("proxy_m"),
+              **{k: state.get(k) for k in ("shard_clock", "shard_tickets", "rows_shards")}}
     with h5py.File(tmp, "w") as f:
         f.attrs["gem_mpi_checkpoint"] = FORMAT
         f.attrs["run_id"] = state["run_id"]
@@ -189,6 +192,11 @@ def check_compatible(state: dict, config: dict, n_workers: int, path: str) -> No
     if state["n_workers"] != n_workers:
         raise UsageError(f"--resume {path!r} was written by a run of {state['n_workers']} "
                          f"workers, this one has {n_workers}")
+    # each shard's clock and tickets are its own: the cut must stay the same
+    was, now = state["config"].get("masters", 1), config.get("masters", 1)
+    if was != now:
+        raise UsageError(f"--resume {path!r} was written by a run of --masters {was}, this "
+                         f"one has --masters {now}; resume with --masters {was}")
     for key in MUST_MATCH:
         if _setting(state["config"], key) != config.get(key):
             raise UsageError(f"--resume {path!r}: --{key.replace('_', '-')} was "

@@ -68,6 +68,11 @@ SYNC_SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finis
                        "diverged", "compute_s", "allreduce_s"]
 
 
+# --masters K > 1, /summary: each shard's clock (updates it applied) and rejected updates,
+# shard 0 first; -1 until the run finished
+SHARD_SUMMARY = ("shard_clock", "shard_rejected")
+
+
 def summary_fields(method: str) -> list[str]:
     return SYNC_SUMMARY_FIELDS if method == "sync" else SUMMARY_FIELDS
 
@@ -146,9 +151,14 @@ class MetricsWriter:
         min_free_bytes: int = 0,
         run_id: str = "",
         resume_log: dict | None = None,
+        masters: int = 1,
+        resume_shard_rows: list[int] | None = None,
     ) -> None:
         """``resume_rows``: continue this run's file, cut back to these rows; ``resume_log``:
-        this start is a resume (at which update, from which checkpoint, changing what)."""
+        this start is a resume (at which update, from which checkpoint, changing what).
+        ``masters`` K > 1: one more table per shard 1..K-1 (``shard<k>``, the columns of
+        ``updates``: that shard's own event order); ``resume_shard_rows``: their rows."""
+        self.shard_tables: list[_Table] = []
         self.path = path
         self.flush_seconds = flush_seconds
         self.min_free_bytes = min_free_bytes
@@ -158,7 +168,7 @@ class MetricsWriter:
         self.closed = False
         self.summary_fields = summary_fields(config["method"])
         if resume_rows is not None:
-            self._reopen(resume_rows, resume_log)
+            self._reopen(resume_rows, resume_log, resume_shard_rows or [0] * (masters - 1))
             return
         # no chunk cache: a failed write (disk full) then raises at once, in our call,
         # instead of when HDF5 evicts the chunk later, or at exit
@@ -185,6 +195,9 @@ class MetricsWriter:
             cols += [("pi_median", "f4", (k,)), ("clamp_frac", "f4", (k,)),
                      ("clamp_low", "f4", (k,)), ("zero_delta", "f4", (k,))]
         self.updates = _Table(f.create_group("updates"), cols)
+        f.attrs["masters"] = masters
+        self.shard_tables = [_Table(f.create_group(f"shard{k}"), cols)
+                             for k in range(1, masters)]
         self.evals = _Table(f.create_group("eval"), [(n, d, ()) for n, d in EVAL_COLUMNS])
         self.rejected = None if sync else _Table(f.create_group("rejected"),
                                                  [(n, d, ()) for n, d in REJECTED_COLUMNS])
@@ -195,10 +208,14 @@ class MetricsWriter:
             wt = summary.create_dataset("worker_time", data=np.full(
                 (n_workers, len(WORKER_TIME_COLUMNS)), np.nan))
             wt.attrs["columns"] = json.dumps(WORKER_TIME_COLUMNS)
+        if masters > 1:  # per shard, once the run finished (-1 until then)
+            for name in SHARD_SUMMARY:
+                summary.create_dataset(name, data=np.full(masters, -1, np.int64))
         f.swmr_mode = True
         self._last_flush = time.monotonic()
 
-    def _reopen(self, rows: tuple[int, int, int], log: dict | None) -> None:
+    def _reopen(self, rows: tuple[int, int, int], log: dict | None,
+                shard_rows: list[int]) -> None:
         """Continue a checkpointed run's file (:func:`check_resumable` made sure it is this
         run's): cut every table back to the checkpoint's rows."""
         from gem_mpi.errors import UsageError
@@ -217,7 +234,9 @@ class MetricsWriter:
         if "gem_mpi_schema" not in f.attrs:
             raise UsageError(f"--metrics {self.path!r} is not a gem_mpi metrics file")
         tables = []
-        for name, count in zip(("updates", "eval", "rejected"), rows):
+        shards = [f"shard{k}" for k in range(1, len(shard_rows) + 1)]
+        for name, count in zip(("updates", "eval", "rejected", *shards),
+                               (*rows, *shard_rows)):
             if name not in f:  # sync runs have no rejected table
                 tables.append(None)
                 continue
@@ -232,7 +251,8 @@ class MetricsWriter:
                 group[k].resize(count, axis=0)
                 table.rows[k] = []
             tables.append(table)
-        self.updates, self.evals, self.rejected = tables
+        self.updates, self.evals, self.rejected = tables[:3]
+        self.shard_tables = tables[3:]
         for name in self.summary_fields:
             f["summary"][name][()] = np.nan
         if "worker_time" in f["summary"]:
@@ -242,6 +262,13 @@ class MetricsWriter:
             _log_resume(f, log)
         f.swmr_mode = True
         self._last_flush = time.monotonic()
+
+    def shard_rows(self) -> list[int]:
+        """Rows on disk of each shard's table (call after flush)."""
+        return [t.written for t in self.shard_tables]
+
+    def add_shard_update(self, shard: int, row: dict) -> None:
+        self.shard_tables[shard - 1].append(row)
 
     def rows(self) -> tuple[int, int, int]:
         """Rows on disk per table (call after flush)."""
@@ -272,6 +299,8 @@ class MetricsWriter:
                 self.evals.write()
                 if self.rejected is not None:
                     self.rejected.write()
+                for table in self.shard_tables:
+                    table.write()
                 self._f.flush()
         except (OSError, RuntimeError) as exc:
             self._fail(exc, good)
@@ -327,6 +356,9 @@ class MetricsWriter:
                     self._f["summary"][name][()] = float(summary.get(name, np.nan))
                 if "worker_time" in summary and "worker_time" in self._f["summary"]:
                     self._f["summary"]["worker_time"][...] = summary["worker_time"]
+                for name in SHARD_SUMMARY:  # --masters K > 1
+                    if name in summary and name in self._f["summary"]:
+                        self._f["summary"][name][...] = summary[name]
                 self._f.flush()
                 self._f.close()
         except (OSError, RuntimeError) as exc:

@@ -49,6 +49,14 @@ def _check_on_master(cfg: config.Config, size: int) -> dict | None:
         check_horovod()
     else:
         kernel_threads()  # GEM_NUM_THREADS
+        if cfg.runtime.masters > 1:  # θ is cut between tensors: enough of them?
+            from gem_mpi.problem import build_problem
+            from gem_mpi.protocol import shard_cut
+
+            try:
+                shard_cut(build_problem(cfg.data, with_theta0=False).sizes, cfg.runtime.masters)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
     return _resume(cfg, config.n_workers(cfg, size))
 
 
@@ -75,6 +83,29 @@ def _resume(cfg: config.Config, n_workers: int) -> dict | None:
             "changes": checkpoint.changes(state, cfg.as_dict())}
 
 
+def _shard_of(comm: MPI.Intracomm, plan: object, rank: int,
+              resumed: dict | None) -> dict | None:
+    """Among the masters: rank 0 gives each shard its part of the checkpoint (θ, its clock,
+    tickets and kept s); every master returns its own (rank 0 keeps the rest too)."""
+    masters = plan.masters
+    if rank == MASTER:
+        pieces = []
+        for k, (lo, hi) in enumerate(plan.bounds):
+            piece = None
+            if resumed is not None:
+                kept = resumed.get("kept_s")
+                piece = {"theta": resumed["theta"][lo:hi],
+                         "clock": int(resumed["shard_clock"][k]),
+                         "tickets": int(resumed["shard_tickets"][k]),
+                         "next_seq": resumed["next_seq"],
+                         "kept_s": None if kept is None else kept[:, lo:hi]}
+            pieces.append(piece)
+        for k in range(1, masters):
+            comm.send(pieces[k], dest=k, tag=11)
+        return None if resumed is None else {**resumed, **pieces[0]}
+    return comm.recv(source=MASTER, tag=11)
+
+
 def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
         result: dict | None = None) -> Outcome:
     """This rank's part of the run: the master, a worker, or a synchronous worker.
@@ -84,8 +115,9 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
 
     stop = StopFlag().install()
     rank = comm.Get_rank()
+    masters = cfg.runtime.masters if cfg.method != config.SYNC else 1
     placement = local_placement(comm)  # collective: every rank, before the windows
-    problem = build_problem(cfg.data, with_theta0=rank == MASTER)
+    problem = build_problem(cfg.data, with_theta0=rank < masters)
     # --verbose: rank 0 learns where every rank runs, for its placement line
     ranks = gather_placement(comm, placement, cfg.runtime.threads, problem.quadratic is None
                              ) if cfg.monitor.verbose and cfg.method != config.SYNC else None
@@ -102,28 +134,36 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
         from gem_mpi.baseline.sync import run_sync
 
         return run_sync(cfg, comm, problem, placement, stop, resumed, result)
-    from gem_mpi.protocol import layout as message_layout
+    from gem_mpi.engine import shards
 
-    layout = message_layout(cfg.optim, problem.n_params, n_workers)
+    plan = shards.plan(cfg, problem, n_workers)
     soft_barrier(comm)
     # every rank learns the run's id (a new one on a fresh start) and where it resumes
     run_id = uuid.uuid4().hex if resumed is None else resumed["run_id"]
     start_seqs, run_id = comm.bcast((None if resumed is None else resumed["next_seq"].tolist(),
                                      run_id), root=MASTER)
-    if rank == MASTER:
+    role = None
+    comms, link = shards.connect(comm, plan)  # collective; [comm], None with one master
+    if link is not None and rank < masters:
+        from gem_mpi.engine.master import Role
+
+        role = Role(rank, plan, link)
+        resumed = _shard_of(comm, plan, rank, resumed)
+    if rank < masters:
         from gem_mpi.engine.master import start_master
 
-        master = start_master(cfg, comm, layout, problem, stop, resumed, placement, run_id,
-                              ranks)
+        master = start_master(cfg, comms[rank], plan.layouts[rank], problem, stop, resumed,
+                              placement, run_id, ranks, role)
         outcome = master.run()
-        if result is not None:
+        if result is not None and rank == MASTER:
             result.update(theta=master.final_theta, summary=master.sup.summary)
         return outcome
     from gem_mpi.engine.worker import run_worker
 
-    code = run_worker(cfg, comm, layout, problem, placement,
-                      start_seq=0 if start_seqs is None else start_seqs[rank - 1],
-                      run_id=run_id)
+    worker = rank - masters + 1  # 1..n
+    code = run_worker(cfg, comm, plan, problem, placement,
+                      start_seq=0 if start_seqs is None else start_seqs[worker - 1],
+                      run_id=run_id, comms=comms)
     from gem_mpi.engine.master import OUTCOME_OF
 
     # the master alone reports how the run ended; every rank exits with its code

@@ -177,7 +177,10 @@ class _MetricsRows:
             return {"rows_updates": 0, "rows_eval": 0, "rows_rejected": 0}
         self.metrics.flush(check_space=False)  # into the low-space margin if need be
         rows = self.metrics.rows()
-        return {"rows_updates": rows[0], "rows_eval": rows[1], "rows_rejected": rows[2]}
+        out = {"rows_updates": rows[0], "rows_eval": rows[1], "rows_rejected": rows[2]}
+        if self.metrics.shard_tables:  # --masters K > 1: the rows of shards 1..K-1
+            out["rows_shards"] = np.array(self.metrics.shard_rows(), np.int64)
+        return out
 
 
 class RunSupervisor:
@@ -204,17 +207,19 @@ class RunSupervisor:
         self.run_id = run_id or (resumed["run_id"] if resumed else uuid.uuid4().hex)
         self.metrics = None
         if self.outputs.metrics:
-            rows, log = None, None
+            rows, log, shard_rows = None, None, None
             if resumed:
                 log = {"clock": resumed["clock"], "checkpoint": resumed["path"],
                        "changes": resumed["changes"]}
                 if os.path.exists(self.outputs.metrics):
                     rows = (resumed["rows_updates"], resumed["rows_eval"],
                             resumed["rows_rejected"])
+                    shard_rows = resumed.get("rows_shards")
             self.metrics = self.evaluator.metrics = MetricsWriter(
                 self.outputs.metrics, cfg.as_dict(), problem.names, problem.sizes, n_workers,
                 kernel_name, resume_rows=rows, min_free_bytes=self.monitor.min_free_bytes,
-                run_id=self.run_id, resume_log=log,
+                run_id=self.run_id, resume_log=log, masters=cfg.runtime.masters,
+                resume_shard_rows=None if shard_rows is None else list(shard_rows),
             )
         self.progress = ProgressLine(self.monitor.log_every, unit="upd" if noun == "update"
                                      else "step", noun=f"{noun}s")
@@ -258,6 +263,14 @@ class RunSupervisor:
         if self.recording:
             try:
                 self.metrics.add_update(row)
+            except OutputError as exc:
+                self._failure = str(exc)
+
+    def record_shard_update(self, shard: int, row: dict) -> None:
+        """One update as shard ``shard`` (1..K-1 of --masters K) applied it, in its order."""
+        if self.recording:
+            try:
+                self.metrics.add_shard_update(shard, row)
             except OutputError as exc:
                 self._failure = str(exc)
 

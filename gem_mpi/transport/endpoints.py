@@ -222,10 +222,91 @@ class WorkerEndpoint(_Endpoint):
 
     def close(self) -> None:
         """Sign the roll, then free the windows with the master."""
+        self.sign()
+        self.free()
+
+    def sign(self) -> None:
+        """Sign the roll: this worker leaves (its files are written)."""
         self.roll.sign(self.rank)
+
+    def free(self) -> None:
+        """Free the windows with the master (collective over this endpoint's ranks)."""
         self._free()
+
+
+def shard_comm(comm: MPI.Intracomm, masters: int, shard: int) -> MPI.Intracomm:
+    """Collective over ``comm``: the communicator of shard ``shard`` (of ``masters``): its
+    master (world rank ``shard``) as rank 0, then every worker (world ranks masters..) as
+    ranks 1..n in order, so that a shard's windows, mailbox slots, worker numbers and roll
+    are those of a one-master run (MASTER is rank 0 there); COMM_NULL on the other masters.
+    With one master, ``comm`` itself."""
+    if masters == 1:
+        return comm
+    group = comm.Get_group()
+    members = group.Incl([shard, *range(masters, comm.Get_size())])
+    try:
+        return comm.Create(members)
+    finally:
+        members.Free()
+        group.Free()
+
+
+class WorkerShards:
+    """A worker's view of θ sharded over K masters: one :class:`WorkerEndpoint` per shard,
+    each on its shard's communicator (:func:`shard_comm`). A pull reads every shard into
+    its slice of one buffer (``theta``); a commit posts each shard its slice of every part,
+    back to back once every slot is free, so that a shard is never more than one update of
+    this worker behind another. The run's end is read from shard 0's stop word (rank 0
+    decides it once, for all). With one shard it is that shard's endpoint, call for call."""
+
+    def __init__(self, comms: list[MPI.Intracomm], layouts: list[Layout],
+                 bounds: list[tuple[int, int]], poll_limit: float = 5e-3,
+                 theta_into: np.ndarray | None = None) -> None:
+        n = bounds[-1][1]
+        self.theta = np.empty(n, np.float32) if theta_into is None else theta_into
+        self.bounds = bounds
+        self.eps = [WorkerEndpoint(c, lay, poll_limit=poll_limit,
+                                   theta_into=self.theta[lo:hi])
+                    for c, lay, (lo, hi) in zip(comms, layouts, bounds)]
+        self.lead = self.eps[0]
+
+    def pull(self) -> list[int]:
+        """θ of every shard into its slice of ``self.theta``, never torn; their versions."""
+        return [ep.pull() for ep in self.eps]
+
+    def stop_code(self) -> int:
+        return self.lead.stop_code()
+
+    def wait_slot_free(self) -> bool:
+        """Every shard consumed our previous message; False once the run was stopped."""
+        return all(ep.wait_slot_free() for ep in self.eps)
+
+    def commit(self, kind: int, seq: int, versions: list[int], loss: float = 0.0,
+               compute_s: float = 0.0, parts: tuple[np.ndarray, ...] = ()) -> None:
+        """Post one message to every shard: each its slice of every part (a DONE's parts,
+        shorter than θ, go whole to each)."""
+        if len(self.eps) > 1 and not self.wait_slot_free():
+            raise RuntimeError("commit after the master stopped the run")
+        for ep, (lo, hi), version in zip(self.eps, self.bounds, versions):
+            mine = parts if kind == DONE else tuple(p[lo:hi] for p in parts)
+            ep.commit(kind, seq, version, loss, compute_s, mine)
+
+    def wait_shutdown(self) -> int:
+        return self.lead.wait_shutdown()
+
+    @property
+    def backoff_s(self) -> float:
+        return sum(ep.backoff_s for ep in self.eps)
+
+    def close(self) -> None:
+        """Sign every shard's roll, then free every shard's windows, in shard order: each
+        master frees its own (a collective of its shard) once all have signed."""
+        for ep in self.eps:
+            ep.sign()
+        for ep in self.eps:
+            ep.free()
 
 
 __all__ = ["ABORTED", "DIVERGED", "DONE", "FINISHED", "MASTER", "OUTPUT_FAILED", "RUNNING",
            "STOPPED", "UPDATE", "Layout",
-           "MasterEndpoint", "Message", "WorkerEndpoint"]
+           "MasterEndpoint", "Message", "WorkerEndpoint", "WorkerShards", "shard_comm"]

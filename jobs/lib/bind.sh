@@ -4,7 +4,8 @@
 #   srun ... jobs/lib/bind.sh python -m gem_mpi.train ...     (or mpirun ... jobs/lib/bind.sh)
 #
 # Rank 0, the master, is a CPU rank: it sees no GPU (CUDA_VISIBLE_DEVICES=""), unless
-# GEM_NO_MASTER=1 (--method sync: every rank is a worker, rank 0 too). A worker on
+# GEM_NO_MASTER=1 (--method sync: every rank is a worker, rank 0 too); with GEM_MASTERS=K
+# (--masters K), ranks 0..K-1 are masters and see none. A worker on
 # local rank L of its node sees one GPU: entry L mod G of the node's GPU list, which is
 # CUDA_VISIBLE_DEVICES as Slurm set it for the job (--gpus-per-node, --gres=gpu:G), or
 # 0..GEM_GPUS_PER_NODE-1 where the site sets no CUDA_VISIBLE_DEVICES. With no GPU list the
@@ -26,7 +27,7 @@ elif [[ ${GEM_GPUS_PER_NODE:-0} -gt 0 ]]; then
   for ((i = 0; i < GEM_GPUS_PER_NODE; i++)); do gpus+=("$i"); done
 fi
 
-if ((rank == 0)) && [[ ${GEM_NO_MASTER:-0} != 1 ]]; then
+if ((rank < ${GEM_MASTERS:-1})) && [[ ${GEM_NO_MASTER:-0} != 1 ]]; then
   export CUDA_VISIBLE_DEVICES=""
 elif ((${#gpus[@]})); then
   export CUDA_VISIBLE_DEVICES="${gpus[local_rank % ${#gpus[@]}]}"

@@ -84,7 +84,9 @@ gem_job_start() {
 # With GEM_NO_MASTER=1 (--method sync) every rank is a worker: GEM_RANKS = GEM_WORKERS.
 # GEM_N_WORKERS: the workers among them.
 gem_ranks() {
-  local tasks="$SLURM_NTASKS" masters=1 what
+  local tasks="$SLURM_NTASKS" masters="${GEM_MASTERS:-1}" what
+  [[ $masters =~ ^[1-9][0-9]*$ ]] ||
+    gem_die 2 "GEM_MASTERS must be a positive integer, got '$masters'"
   [[ ${GEM_NO_MASTER:-0} != 1 ]] || masters=0
   if [[ -n ${GEM_WORKERS:-} ]]; then
     [[ $GEM_WORKERS =~ ^[1-9][0-9]*$ ]] ||
@@ -94,11 +96,13 @@ gem_ranks() {
     GEM_RANKS=$((GEM_WORKERS + masters))
   else
     ((tasks >= 1 + masters)) ||
-      gem_die 2 "needs at least 2 tasks (1 master + workers), the job has $tasks"
+      gem_die 2 "needs at least $((1 + masters)) tasks ($masters master(s) + workers), the job" \
+        "has $tasks"
     GEM_RANKS=$tasks
   fi
   GEM_N_WORKERS=$((GEM_RANKS - masters))
   what="1 master + $GEM_N_WORKERS workers"
+  ((masters <= 1)) || what="$masters masters + $GEM_N_WORKERS workers"
   ((masters)) || what="$GEM_N_WORKERS workers, no master"
   gem_log "job $SLURM_JOB_ID ($SLURM_JOB_NAME) on ${SLURM_JOB_NODELIST:-?}: $GEM_RANKS ranks" \
     "($what), GPUs: ${CUDA_VISIBLE_DEVICES:-none}"

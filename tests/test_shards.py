@@ -1,0 +1,213 @@
+"""θ sharded over K master ranks (--masters K), under real mpirun.
+
+Every rule is element-wise and the quadratic's Δθ of an element depends only on that
+element of the θ it was computed on, so each shard's own event log (the metrics file's
+``updates`` for shard 0, ``shard<k>`` for shard k) replays that shard's slice of θ in one
+process, bit for bit, whatever order the other shards applied the same updates in.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from conftest import PROGS, mpirun, rank_pids, signal_when, train, train_background, wait_until
+from helpers import assert_exactly_once, quadratic_args
+
+from gem_mpi.algorithm.reference import replay
+from gem_mpi.outputs.analysis import load_run
+from gem_mpi.problem.quadratic import Quadratic
+from gem_mpi.protocol import shard_cut
+
+DIM, WORKERS, LR, MU = 2000, 4, 0.05, 0.9
+
+
+class QuadraticSlice:
+    """The quadratic restricted to θ's elements [lo, hi): what one shard replays."""
+
+    def __init__(self, q: Quadratic, lo: int, hi: int) -> None:
+        self.q, self.lo, self.hi = q, lo, hi
+        self.h, self.dim = q.h[lo:hi], hi - lo
+
+    def theta0(self) -> np.ndarray:
+        return self.q.theta0()[self.lo:self.hi]
+
+    def target(self, worker: int) -> np.ndarray:
+        return self.q.target(worker)[self.lo:self.hi]
+
+
+def shard_bounds(masters: int) -> list[tuple[int, int]]:
+    _, sizes = Quadratic(DIM, 0).tensors()
+    ends = np.concatenate([[0], np.cumsum(sizes)])
+    return [(int(ends[a]), int(ends[b])) for a, b in shard_cut(sizes, masters)]
+
+
+def shard_logs(path: Path, masters: int) -> list[dict[str, np.ndarray]]:
+    run = load_run(path)
+    return [run.updates, *[run.other[f"shard{k}"] for k in range(1, masters)]]
+
+
+def assert_shards_replay(path: Path, theta: np.ndarray, masters: int, method: str,
+                         steps: int, **rule: object) -> None:
+    """Each shard applied every update once, on its own clock, and its slice of θ is the
+    replay of its own event order; the orders are the shards' own (they may differ)."""
+    q = Quadratic(DIM, 0)
+    for k, (u, (lo, hi)) in enumerate(zip(shard_logs(path, masters), shard_bounds(masters))):
+        assert_exactly_once(u["worker"], u["seq"], range(1, WORKERS + 1), steps)
+        assert u["clock"].tolist() == list(range(WORKERS * steps)), k
+        assert np.array_equal(u["staleness"], u["clock"] - u["version_pulled"])
+        ref = replay(u, QuadraticSlice(q, lo, hi), method, LR, window=len(u["worker"]) + 1,
+                     **rule)
+        assert np.array_equal(theta[lo:hi], ref.theta), f"shard {k}"
+
+
+def _run(tmp: Path, masters: int, method: str, steps: int, *extra: str):
+    h5, out = tmp / "run.h5", tmp / "theta.npy"
+    res = train(WORKERS + masters, *quadratic_args(
+        "--masters", str(masters), *extra, method=method, dim=DIM, steps=steps, lr=LR,
+        momentum=MU, metrics=h5, save=out, eval_every=50))
+    assert res.returncode == 0, res.stdout + res.stderr
+    return h5, np.load(out), res.stderr
+
+
+@pytest.mark.parametrize("shift", ["others", "paper"])
+@pytest.mark.parametrize("masters", [2, 3])
+def test_each_shard_replays_its_own_event_order_bit_for_bit(tmp_path, masters, shift):
+    steps = 60
+    h5, theta, err = _run(tmp_path, masters, "gem", steps, "--gem-shift", shift)
+    assert f"{masters} masters (θ's shards: " in err
+    assert_shards_replay(h5, theta, masters, "gem", steps, momentum=MU, kappa=1.0,
+                         pi_max=5.0, eps=1e-16, shift=shift)
+    with h5py.File(h5) as f:
+        assert f["summary/shard_clock"][()].tolist() == [WORKERS * steps] * masters
+        assert f.attrs["masters"] == masters
+    # each shard's per-tensor statistics are its own tensors'; the others' columns are NaN
+    _, sizes = Quadratic(DIM, 0).tensors()
+    for u, (a, b) in zip(shard_logs(h5, masters), shard_cut(sizes, masters)):
+        pi = u["pi_median"]
+        assert np.isfinite(pi[:, a:b]).all()
+        assert np.isnan(np.delete(pi, np.s_[a:b], axis=1)).all()
+
+
+@pytest.mark.parametrize("mode", ["wait", "pipelined"])
+def test_adaptive_staleness_takes_each_shards_own_tau(tmp_path, mode):
+    """1/(τ+1) with τ the staleness on the shard applying it (its own clock)."""
+    steps = 60
+    h5, theta, _ = _run(tmp_path, 2, "adaptive", steps, "--worker-mode", mode)
+    assert_shards_replay(h5, theta, 2, "adaptive", steps)
+
+
+def _ckpt_args(tmp: Path, method: str, steps: int, *extra: str) -> list[str]:
+    return quadratic_args("--masters", "2", *extra, method=method, dim=DIM, steps=steps,
+                          lr=LR, metrics=tmp / "run.h5", save=tmp / "theta.npy",
+                          checkpoint_dir=tmp, checkpoint_every=0.3, eval_every=0,
+                          pi_max=50.0)
+
+
+def _has_checkpoint(tmp: Path):
+    return lambda: bool(list(tmp.glob("checkpoint_*.h5")))
+
+
+def test_stop_and_resume_is_exact_on_every_shard(tmp_path):
+    """SIGUSR1: rank 0 cuts every shard at the same updates, checkpoints, and every rank
+    exits 3; the resume continues each shard's clock, tickets and θ, and each worker's m:
+    the whole log of each shard replays its slice bit for bit."""
+    steps = 6000
+    args = _ckpt_args(tmp_path, "gem", steps)
+    proc = train_background(WORKERS + 2, *args)
+    err = signal_when(proc, _has_checkpoint(tmp_path))
+    assert proc.returncode == 3, err
+    assert err.count("stopped by signal 10 at update") == 1
+    assert len(list(tmp_path.glob("momentum_w*.h5"))) == WORKERS
+    with h5py.File(next(tmp_path.glob("checkpoint_*.h5"))) as f:
+        clocks = f["shard_clock"][()].tolist()
+        next_seq = f["next_seq"][()]
+    assert clocks == [int(next_seq.sum())] * 2  # one cut: the same updates on each shard
+    res = train(WORKERS + 2, *args, "--resume", "auto", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert f"worker momentum restored for {WORKERS} of {WORKERS} workers" in res.stderr
+    assert_shards_replay(tmp_path / "run.h5", np.load(tmp_path / "theta.npy"), 2, "gem",
+                         steps, momentum=0.9, pi_max=50.0)
+
+
+def test_killed_worker_then_resume_applies_every_update_once_on_every_shard(tmp_path):
+    steps = 8000
+    args = _ckpt_args(tmp_path, "downpour", steps)
+    proc = train_background(WORKERS + 2, *args)
+    try:
+        wait_until(proc, _has_checkpoint(tmp_path))
+        ranks = rank_pids(proc)
+        assert set(ranks) == set(range(WORKERS + 2))
+        os.kill(ranks[3], signal.SIGKILL)  # worker 2
+        proc.communicate(timeout=60)  # the job must end, not hang
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    res = train(WORKERS + 2, *args, "--resume", "auto", timeout=300)
+    assert res.returncode == 0, res.stderr
+    run = load_run(tmp_path / "run.h5")
+    assert run.attrs["resumes"] >= 1
+    assert_shards_replay(tmp_path / "run.h5", np.load(tmp_path / "theta.npy"), 2, "downpour",
+                         steps)
+
+
+@pytest.mark.parametrize("method", ["gem", "downpour"])
+def test_a_poisoned_update_is_rejected_by_every_shard_alike(tmp_path, method):
+    """The NaN or Inf is in one element, so in one shard's part only: the worker poisons
+    every shard's part, and each shard rejects the same updates and applies the others."""
+    steps, masters = 60, 2
+    h5, out = tmp_path / "run.h5", tmp_path / "theta.npy"
+    res = mpirun(WORKERS + masters, [str(PROGS / "poison_worker.py"), "3",  # worker 2
+                                     *quadratic_args("--masters", str(masters), method=method,
+                                                     dim=DIM, steps=steps, metrics=h5,
+                                                     save=out)], timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    bad = list(range(4, steps, 5)) if method == "downpour" else list(range(4, steps))
+    run = load_run(h5)
+    assert sorted(run.other["rejected"]["seq"].tolist()) == bad
+    assert set(run.other["rejected"]["worker"].tolist()) == {2}
+    applied = {(w, s) for w in range(1, WORKERS + 1) for s in range(steps)} - {
+        (2, s) for s in bad}
+    for u in shard_logs(h5, masters):
+        assert set(zip(u["worker"].tolist(), u["seq"].tolist())) == applied
+        assert len(u["worker"]) == len(applied)
+    with h5py.File(h5) as f:
+        assert f["summary/shard_rejected"][()].tolist() == [len(bad)] * masters
+        assert f["summary/shard_clock"][()].tolist() == [len(applied)] * masters
+    assert np.isfinite(np.load(out)).all()
+
+
+def test_mnist_cnn_learns_with_two_masters(tmp_path):
+    """The paper's net on Fashion-MNIST, θ cut between its tensors over 2 masters; the
+    evaluation and the saved model are θ gathered from both."""
+    h5, model_path = tmp_path / "run.h5", tmp_path / "model.pt"
+    res = train(5, "--masters", "2", "--max-steps", "150", "--eval-every", "200",
+                "--metrics", str(h5), "--save", str(model_path), timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "done: 450 updates" in res.stderr
+    run = load_run(h5)
+    u = run.updates
+    assert u["loss"][-100:].mean() < 0.6 * u["loss"][:20].mean()
+    assert run.summary["test_accuracy"] > 0.70
+    assert len(run.other["shard1"]["worker"]) == 450
+
+
+@pytest.mark.parametrize("args,ranks,says", [
+    (("--masters", "4"), 4, "--masters 4 needs at least 5 MPI ranks"),
+    (("--masters", "5"), 7, "--masters 5: θ is cut between tensors and this model has only 4"),
+    (("--masters", "2", "--method", "sync"), 4, "--masters 2 is for the asynchronous methods"),
+    (("--masters", "0"), 4, "--masters must be > 0"),
+    (("--masters", "2", "--gem-proxy", "global"), 4,
+     "does not run with --masters 2 yet"),
+])
+def test_bad_masters_is_one_line_from_rank_0_and_exit_2(tmp_path, args, ranks, says):
+    res = train(ranks, *quadratic_args(*args, dim=DIM, steps=5), timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: error")]
+    assert len(lines) == 1 and says in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
