@@ -6,8 +6,10 @@
 #      elements, each validated against the numpy reference first
 #   2. python -m gem_mpi.bench master: 1 master + 4 workers streaming pre-computed GEM
 #      updates, GEM_NUM_THREADS 1, 2, 4, 8 and every core the workers leave, at each size
-# θ sharded over several master ranks (K = 2, 4) is not measured: gem_mpi has no --masters
-# yet. Under 8 minutes on 16 cores.
+#   3. python -m gem_mpi.bench master --masters 1 2 4: θ sharded over K master ranks, side by
+#      side with the same 4 workers, each master on the cores the workers leave divided by 4,
+#      at 1.6 M and 11.7 M
+# Under 8 minutes on 16 cores.
 #
 #   tools/node_check.sh [OUT_DIR]      # JSON files into OUT_DIR (default .)
 #   GEM_MPI_NODE_SIZES="163790" tools/node_check.sh /tmp/nc   # other sizes (a dry run)
@@ -45,4 +47,16 @@ for n in "${sizes[@]}"; do
       grep -v '^gem_mpi: '
   done
 done
-echo "== K = 2, 4 master shards: not measured (gem_mpi has no --masters yet)"
+kt=$(((cores - workers) / 4))  # each of up to 4 masters' kernel threads
+((kt < 1)) && kt=1
+for n in "${sizes[@]:0:2}"; do
+  updates=$((1600000000 / n))
+  ((updates < 40)) && updates=40
+  ((updates > 1000)) && updates=1000
+  echo "== bench master, $n parameters, K = 1, 2, 4 masters, $workers workers, $updates updates," \
+    "GEM_NUM_THREADS=$kt per master"
+  # shellcheck disable=SC2086 # the launcher's words
+  GEM_NUM_THREADS="$kt" $GEM_MPI_MPIRUN -n $((workers + 4)) "$GEM_MPI_PY" -m gem_mpi.bench master \
+    --sizes "$n" --updates "$updates" --masters 1 2 4 --json "$out/node_masters_${n}.json" 2>&1 |
+    grep -v '^gem_mpi: '
+done
