@@ -181,8 +181,9 @@ class MonitorConfig:
     stop_on_divergence: bool = opt(True, "keep going when the run diverges",
                                    flag="--no-stop-on-divergence")
     divergence_factor: float = opt(1000.0, "the run has diverged when the smoothed worker loss "
-                                   "exceeds this many times its lowest value so far, or turns "
-                                   "NaN/Inf, or θ does", check=(lambda v: v > 1, "> 1"))
+                                   "exceeds this many times its lowest value so far (judged "
+                                   "after its first 20 losses, counted as at least a thousandth "
+                                   "of its first), or turns NaN/Inf, or θ does", check=(lambda v: v > 1, "> 1"))
     min_free_mb: float = opt(64.0, "stop the run cleanly (exit 1, after a checkpoint) when the "
                              "metrics file's file system has less than this many MB free, "
                              "before a full disk can damage the file (0: no check)",

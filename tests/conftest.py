@@ -84,6 +84,19 @@ def signal_when(proc: subprocess.Popen, ready: Callable[[], bool], sig: int = si
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def kill_rank_when(proc: subprocess.Popen, ready: Callable[[], bool], rank: int) -> int:
+    """Once ``ready()``, SIGKILL MPI rank ``rank`` of the job (a node lost, an OOM kill);
+    returns the job's exit code once it ended. The job is killed whatever happens."""
+    try:
+        wait_until(proc, ready)
+        os.kill(rank_pids(proc)[rank], signal.SIGKILL)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode
+
+
 def rank_pids(proc: subprocess.Popen) -> dict[int, int]:
     """MPI rank -> pid of the ranks a background mpirun started (from their environment)."""
     out = {}

@@ -18,7 +18,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import rank_pids, signal_when, train, train_background, wait_until
+from conftest import kill_rank_when, rank_pids, signal_when, train, train_background, wait_until
 from helpers import assert_exactly_once, quadratic_args
 
 from gem_mpi.algorithm.reference import replay
@@ -117,14 +117,7 @@ def test_killed_master_leaves_a_metrics_file_the_resume_continues(tmp_path):
     """SIGKILL of rank 0 (a node lost, an OOM kill) leaves the metrics file marked open for
     writing; the resume must still continue it, with nothing lost or repeated."""
     proc = train_background(WORKERS + 1, *_args(tmp_path))
-    try:
-        wait_until(proc, _has_checkpoint(tmp_path))
-        os.kill(rank_pids(proc)[0], signal.SIGKILL)
-        proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
+    assert kill_rank_when(proc, _has_checkpoint(tmp_path), 0) != 0
     res = train(WORKERS + 1, *_args(tmp_path, "--resume", "auto"), timeout=300)
     assert res.returncode == 0, res.stderr
     _check_whole_run(tmp_path)
@@ -194,14 +187,7 @@ def test_global_proxy_stop_or_crash_then_resume_is_exact(tmp_path, shift, mode, 
                      "--worker-mode", mode)
     proc = train_background(WORKERS + 1, *args)
     if crash:
-        try:
-            wait_until(proc, _has_checkpoint(tmp_path))
-            os.kill(rank_pids(proc)[2], signal.SIGKILL)
-            proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        assert proc.returncode != 0
+        assert kill_rank_when(proc, _has_checkpoint(tmp_path), 2) != 0
     else:
         err = signal_when(proc, _has_checkpoint(tmp_path))
         assert proc.returncode == 3, err

@@ -127,6 +127,12 @@ def test_stop_and_resume_is_exact_on_every_shard(tmp_path):
         clocks = f["shard_clock"][()].tolist()
         next_seq = f["next_seq"][()]
     assert clocks == [int(next_seq.sum())] * 2  # one cut: the same updates on each shard
+    # another cut of θ cannot continue it: one line, exit 2, the files untouched (the resume
+    # below replays bit for bit)
+    other = train(WORKERS + 1, *args, "--masters", "1", "--resume", "auto", timeout=120)
+    lines = [ln for ln in other.stderr.splitlines() if ln.startswith("gem_mpi: error")]
+    assert other.returncode == 2 and len(lines) == 1, other.stderr
+    assert "was written by a run of --masters 2, this one has --masters 1" in lines[0]
     res = train(WORKERS + 2, *args, "--resume", "auto", timeout=300)
     assert res.returncode == 0, res.stderr
     assert f"worker momentum restored for {WORKERS} of {WORKERS} workers" in res.stderr

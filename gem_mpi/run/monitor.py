@@ -155,22 +155,41 @@ class ProgressLine:
             self._bar.close()
 
 
+# The rise is judged once the smoothed loss averages WARMUP losses (a run, or a resume of
+# one, whose first loss is 1e-11 and whose next is 0.5 has not diverged), and from a lowest
+# value never counted below LOWEST_FLOOR of the first smoothed one (a run that all but
+# memorised its data, at 1e-11, then meets a harder batch at 0.5 has not diverged either)
+WARMUP = 20
+LOWEST_FLOOR = 1e-3
+
+
 class DivergenceWatch:
-    """Says why a run has diverged, or None: the smoothed worker loss turned NaN/Inf or rose
-    ``factor`` times above its lowest value so far, or θ is no longer finite (checked every
+    """Says why a run has diverged, or None: the smoothed worker loss turned NaN/Inf or,
+    after ``warmup`` losses, rose ``factor`` times above its lowest value so far (never
+    counted below ``LOWEST_FLOOR`` of the first one), or θ is no longer finite (checked every
     100 updates: one pass over θ)."""
 
-    def __init__(self, factor: float) -> None:
+    def __init__(self, factor: float, warmup: int = WARMUP) -> None:
         self.factor = factor
+        self.warmup = warmup
+        self.seen = 0
         self.lowest = math.inf
+        self.first = math.nan
 
     def check(self, recent_loss: float, clock: int, theta: np.ndarray) -> str | None:
         if not math.isfinite(recent_loss):
             return f"the workers' loss is {recent_loss}"
-        self.lowest = min(self.lowest, recent_loss)
-        if self.lowest > 0 and recent_loss > self.factor * self.lowest:
+        self.seen += 1
+        if self.seen > self.warmup:
+            if math.isnan(self.first):
+                self.first = recent_loss
+            self.lowest = min(self.lowest, recent_loss)
+        base = max(self.lowest, LOWEST_FLOOR * self.first) if self.lowest < math.inf else 0.0
+        if base > 0 and recent_loss > self.factor * base:
             return (f"the smoothed worker loss {recent_loss:.4g} is over {self.factor:g} times "
-                    f"its lowest, {self.lowest:.4g}")
+                    f"its lowest, {self.lowest:.4g}" + ("" if base == self.lowest else
+                    f" (counted as {base:.4g}: {LOWEST_FLOOR:g} of its first, "
+                    f"{self.first:.4g})"))
         if clock % 100 == 0:
             with np.errstate(over="ignore", invalid="ignore"):
                 norm = float(np.dot(theta, theta))

@@ -49,12 +49,37 @@ def test_watchdog_with_no_timeout_never_fires():
 
 
 def test_divergence_watch_on_a_rising_loss():
-    watch = DivergenceWatch(factor=10.0)
+    watch = DivergenceWatch(factor=10.0, warmup=0)
     theta = np.ones(4, np.float32)
     assert watch.check(1.0, 1, theta) is None
     assert watch.check(9.0, 2, theta) is None
     why = watch.check(11.0, 3, theta)
     assert why is not None and "over 10 times its lowest, 1" in why
+
+
+def test_divergence_watch_measures_a_rise_from_no_lower_than_a_thousandth_of_the_first():
+    """A run that all but memorised its data (smoothed loss 1e-11) then meets a harder batch
+    (0.5) has not diverged; a rise over 1000 times a thousandth of the first loss has."""
+    watch = DivergenceWatch(factor=1000.0, warmup=0)
+    theta = np.ones(4, np.float32)
+    assert watch.check(2.3, 1, theta) is None
+    assert watch.check(1e-11, 2, theta) is None
+    assert watch.check(0.5, 3, theta) is None
+    why = watch.check(2.4, 4, theta)
+    assert why is not None and "over 1000 times its lowest, 1e-11 (counted as 0.0023" in why
+
+
+def test_divergence_watch_judges_a_rise_once_the_smoothed_loss_averages_some_losses():
+    """A resume whose first smoothed loss is one worker's 1e-11 and whose next losses are
+    0.5 (a worker whose momentum restarts) has not diverged: the loss watch's average of 20
+    losses is what a rise is measured from."""
+    watch, losses = LossWatch(1000.0), [1e-11] + [0.5] * 40
+    for i, loss in enumerate(losses):
+        watch.observe(loss, i + 1, np.ones(2, np.float32))
+    assert watch.diverged is None
+    for i in range(200):  # a real rise after the warm-up still stops the run
+        watch.observe(1e4, 100 + i, np.ones(2, np.float32))
+    assert watch.diverged is not None and "over 1000 times its lowest" in watch.diverged
 
 
 def test_divergence_watch_on_a_loss_or_theta_not_finite():
@@ -70,8 +95,11 @@ def test_loss_watch_smooths_and_keeps_the_first_reason():
     assert watch.recent == 1.0 and watch.diverged is None
     watch.observe(3.0, 2, np.ones(2))
     assert math.isclose(watch.recent, 0.95 + 0.05 * 3.0)
+    for i in range(30):  # the warm-up: a rise is judged against a smoothed lowest
+        watch.observe(1.0, 3 + i, np.ones(2))
+    assert watch.diverged is None
     for i in range(100):
-        watch.observe(100.0, 3 + i, np.ones(2))
+        watch.observe(100.0, 33 + i, np.ones(2))
     first = watch.diverged
     assert first is not None and "over 2 times" in first
     watch.observe(math.nan, 200, np.ones(2))
