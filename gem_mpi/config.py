@@ -231,8 +231,9 @@ class RuntimeConfig:
                        "the checkpoint on --resume", check=POSITIVE, metavar="K")
     no_extension: bool = opt(False, "use the numpy reference at the master even when the C++ "
                              "extension is built")
-    straggler: str | None = opt(None, "make worker WORKER (1..n: its MPI rank, or rank "
-                                "WORKER-1 with --method sync, which has no master) FACTOR "
+    straggler: str | None = opt(None, "make worker WORKER (1..n: MPI rank K-1+WORKER with "
+                                "--masters K, rank WORKER-1 with --method sync, which has no "
+                                "master) FACTOR "
                                 "times slower (it sleeps after each step): to see what "
                                 "asynchrony buys", metavar="WORKER:FACTOR")
 

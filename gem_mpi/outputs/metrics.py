@@ -15,6 +15,7 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import h5py
@@ -292,7 +293,7 @@ class MetricsWriter:
         self._last_flush = time.monotonic()
         if self.closed or check_space and self._space_is_low():
             return
-        good = self.rows()
+        good = (*self.rows(), *self.shard_rows())
         try:
             with h5py_write_errors():
                 self.updates.write()
@@ -314,16 +315,18 @@ class MetricsWriter:
                                   f"{self.min_free_bytes / 2**20:g}")
         return self.low_space is not None
 
-    def _fail(self, exc: BaseException, good: tuple[int, int, int]) -> None:
+    def _fail(self, exc: BaseException, good: tuple[int, ...]) -> None:
         """A write failed (disk full, quota, I/O error). HDF5 may have recorded rows whose
-        data never reached the disk (they would read back as zeros): cut every table back
-        to the rows known written, or remove the file if even that fails, and say which."""
+        data never reached the disk (they would read back as zeros): cut every table (the
+        shards' too) back to the rows known written (``good``: :meth:`rows`, then
+        :meth:`shard_rows`), or remove the file if even that fails, and say which."""
         self.closed = True
         with contextlib.suppress(Exception), h5py_write_errors():
             self._f.close()
+        shards = [f"shard{k}" for k in range(1, len(self.shard_tables) + 1)]
         try:
             with h5py_write_errors(), h5py.File(self.path, "r+", libver="latest") as f:
-                for name, count in zip(("updates", "eval", "rejected"), good):
+                for name, count in zip(("updates", "eval", "rejected", *shards), good):
                     for ds in f[name].values() if name in f else ():
                         ds.resize(min(count, ds.shape[0]), axis=0)
             with h5py.File(self.path, "r", libver="latest") as f:
@@ -332,6 +335,8 @@ class MetricsWriter:
             self.updates.written, self.evals.written = good[0], good[1]
             if self.rejected is not None:
                 self.rejected.written = good[2]
+            for table, count in zip(self.shard_tables, good[3:]):
+                table.written = count
         except Exception:  # noqa: BLE001 - whatever went wrong, the file cannot be trusted
             with contextlib.suppress(OSError):
                 os.remove(self.path)
@@ -349,7 +354,7 @@ class MetricsWriter:
         self.flush(check_space=False)
         if self.closed:  # that flush failed
             return
-        good = self.rows()
+        good = (*self.rows(), *self.shard_rows())
         try:
             with h5py_write_errors():
                 for name in self.summary_fields:
@@ -376,10 +381,11 @@ def _log_resume(f: h5py.File, entry: dict) -> None:
 
 
 def check_resumable(path: str, run_id: str, checkpoint_path: str,
-                    rows: tuple[int, int, int]) -> None:
+                    rows: tuple[int, int, int], shard_rows: Sequence[int] = ()) -> None:
     """Before a resume writes anything: a metrics file that exists must be the checkpoint's
-    run's own and hold at least the rows the checkpoint counts; UsageError otherwise (the file
-    is only read). A file that does not exist yet is started afresh."""
+    run's own and hold at least the rows the checkpoint counts in every table (``shard_rows``:
+    the ``shard<k>`` tables of --masters K > 1); UsageError otherwise (the file is only read).
+    A file that does not exist yet is started afresh."""
     from gem_mpi.errors import UsageError
 
     if not os.path.exists(path):
@@ -404,10 +410,14 @@ def check_resumable(path: str, run_id: str, checkpoint_path: str,
                              f") than the checkpoint {checkpoint_path!r} (run {run_id}): a "
                              "resume would cut its rows, so it is left untouched; give this "
                              "run its own --metrics path")
-        held = f["updates/clock"].shape[0] if "updates/clock" in f else 0
-        if held < rows[0]:
-            raise UsageError(f"--metrics {path!r} holds {held} update rows, fewer than the "
-                             f"{rows[0]} the checkpoint counts: not this run's file as it was")
+        shards = [f"shard{k}" for k in range(1, len(shard_rows) + 1)]
+        for name, count in zip(("updates", "eval", "rejected", *shards), (*rows, *shard_rows)):
+            held = min((ds.shape[0] for ds in f[name].values()), default=0) if name in f else 0
+            if held < count:  # read-only here: a resume that cut some tables and then
+                # refused would leave the file of neither the run nor the checkpoint
+                raise UsageError(f"--metrics {path!r} holds {held} rows in /{name}, fewer than "
+                                 f"the {count} the checkpoint counts: not this run's file as it "
+                                 "was; nothing was written to it")
 
 
 def _rewrite_after_crash(path: str) -> None:

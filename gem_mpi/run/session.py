@@ -77,8 +77,10 @@ def _resume(cfg: config.Config, n_workers: int) -> dict | None:
     theta, state = checkpoint.load(path)
     checkpoint.check_compatible(state, cfg.as_dict(), n_workers, path)
     if out.metrics:
+        shard_rows = state.get("rows_shards")
         check_resumable(out.metrics, state["run_id"], path,
-                        (state["rows_updates"], state["rows_eval"], state["rows_rejected"]))
+                        (state["rows_updates"], state["rows_eval"], state["rows_rejected"]),
+                        [] if shard_rows is None else [int(r) for r in shard_rows])
     return {**state, "theta": theta, "path": path,
             "changes": checkpoint.changes(state, cfg.as_dict())}
 
