@@ -200,20 +200,23 @@ class GemStats:
     energy_proxy: float  # ½‖κ m‖²: the (amplified) proxy energy GEM matches
 
 
-def node_cores_left(local_ranks: int) -> int:
-    """The cores this rank may run on (its affinity) less one per other rank on its node, at
-    least 1: the master's share, for its kernel and its evaluation alike."""
+def node_cores_left(local_ranks: int, local_masters: int = 1) -> int:
+    """The cores this rank may run on (its affinity) less one per worker on its node, shared
+    evenly among the ``local_masters`` masters there, at least 1: a master's share, for its
+    kernel and its evaluation alike (--masters K on one node: K masters would otherwise each
+    take every leftover core, K times over)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
         os.cpu_count() or 1)
-    return max(1, cores - (local_ranks - 1))
+    masters = max(1, local_masters)
+    return max(1, (cores - (local_ranks - masters)) // masters)
 
 
-def kernel_threads(local_ranks: int = 1) -> int:
-    """GEM_NUM_THREADS, else the cores of the node the other ``local_ranks - 1`` ranks on it
-    leave (:func:`node_cores_left`): a master beside its workers takes no core from them."""
+def kernel_threads(local_ranks: int = 1, local_masters: int = 1) -> int:
+    """GEM_NUM_THREADS, else this master's share of the cores its node's workers leave
+    (:func:`node_cores_left`): a master beside its workers takes no core from them."""
     value = os.environ.get("GEM_NUM_THREADS")
     if value is None:
-        return node_cores_left(local_ranks)
+        return node_cores_left(local_ranks, local_masters)
     try:
         threads = int(value)
     except ValueError:

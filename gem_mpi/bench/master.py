@@ -16,8 +16,8 @@ def bench_master(sizes: list[int], updates: int, poll_ms: float,
                  worker_step_ms: float | None = None,
                  masters: list[int] | None = None) -> dict | None:
     """Workers commit pre-computed GEM updates as fast as they can; the real master applies,
-    on the kernel threads a run would give it (GEM_NUM_THREADS, else the node's cores the
-    workers beside it leave). ``masters``: one row per K (θ sharded over K master ranks,
+    on the kernel threads a run would give each master (GEM_NUM_THREADS, else its share of
+    the node's cores the workers beside it leave). ``masters``: one row per K (θ sharded over K master ranks,
     --masters K), side by side; every K gets the same workers (the job's ranks less the
     largest K), the ranks a smaller K does not use wait."""
     from gem_mpi.config import Config
@@ -35,7 +35,6 @@ def bench_master(sizes: list[int], updates: int, poll_ms: float,
     if world.Get_size() <= top:
         raise SystemExit(f"bench master --masters {top} needs mpirun with at least {top + 1} "
                          "ranks")
-    threads = gem.kernel_threads(local_placement(world).local_size)
     rows = []
     for n in sizes:
         for k_masters in masters:
@@ -48,6 +47,10 @@ def bench_master(sizes: list[int], updates: int, poll_ms: float,
             if comm == MPI.COMM_NULL:
                 continue
             rank, n_workers = comm.Get_rank(), comm.Get_size() - k_masters
+            # the threads a run would give each master: its share of the cores this K's
+            # workers leave on its node (K masters on one node split them)
+            place = local_placement(comm, k_masters)
+            threads = gem.kernel_threads(place.local_size, place.local_masters)
             tmp = tempfile.mkdtemp() if rank == 0 else None
             cfg = Config.of(method="gem", model="quadratic", dataset="synthetic",
                             quadratic_dim=n, eval_every=0, masters=k_masters,
@@ -85,7 +88,7 @@ def bench_master(sizes: list[int], updates: int, poll_ms: float,
             comm.Free()
     if world.Get_rank() != 0:
         return None
-    return {"bench": "master", "machine": _machine(), "threads": threads, "rows": rows,
+    return {"bench": "master", "machine": _machine(), "rows": rows,
             "worker_step_ms": worker_step_ms}
 
 
@@ -101,7 +104,7 @@ def _row(summary: dict, n: int, n_workers: int, k_masters: int, plan: object, th
     split = {k: summary[f"master_{k}_s"] / summary["wall_s"]
              for k in ("wait", "apply", "metrics", "mpi")}
     apply_s = summary["master_apply_s"] / summary["updates"]
-    return {"params": n, "masters": k_masters, "workers": n_workers,
+    return {"params": n, "masters": k_masters, "workers": n_workers, "threads": threads,
             "updates": summary["updates"], "updates_per_s": ups,
             "bytes_per_master": streamed, "bound_updates_per_s": bound,
             "ratio_to_bound": ups / bound, "time_split": split,
@@ -117,17 +120,17 @@ def _row(summary: dict, n: int, n_workers: int, k_masters: int, plan: object, th
 
 
 def print_master(result: dict) -> None:
-    print(f"gem_mpi.bench master: {result['machine']}; kernel threads {result['threads']}; "
-          "bound = triad bandwidth / bytes touched per update; apply ratio = the kernel's "
+    print(f"gem_mpi.bench master: {result['machine']}; threads = each master's kernel "
+          "threads; bound = triad bandwidth / bytes touched per update; apply ratio = the kernel's "
           "own speed during the run against that bound (the ceiling of ratio)")
     print("  (K masters: θ sharded over K ranks; bytes/master = what the busiest master "
           "streams per update; the split is rank 0's)")
-    cols = ["params", "masters", "workers", "upd/s", "bytes/master", "bound upd/s", "ratio",
+    cols = ["params", "masters", "threads", "workers", "upd/s", "bytes/master", "bound upd/s", "ratio",
             "apply ms", "apply ratio", "wait", "apply", "metrics", "mpi"]
     print("  ".join(f"{c:>11}" for c in cols))
     for r in result["rows"]:
         sp = r["time_split"]
-        vals = [r["params"], r.get("masters", 1), r["workers"], f"{r['updates_per_s']:.0f}",
+        vals = [r["params"], r.get("masters", 1), r["threads"], r["workers"], f"{r['updates_per_s']:.0f}",
                 f"{r.get('bytes_per_master', 0) / 1e6:.1f} MB",
                 f"{r['bound_updates_per_s']:.0f}", f"{r['ratio_to_bound']:.2f}",
                 f"{r['apply_ms']:.3f}", f"{r['apply_ratio_to_bound']:.2f}",

@@ -410,8 +410,8 @@ def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Prob
         offsets = offsets[t_lo:t_hi + 1] - offsets[t_lo]
     # the kernel's threads (GEM_NUM_THREADS, else the cores the other ranks on the node leave)
     kernel = Kernel(offsets, prefer_extension=not cfg.runtime.no_extension,
-                    threads=kernel_threads(placement.local_size))
-    eval_threads = node_cores_left(placement.local_size)
+                    threads=kernel_threads(placement.local_size, placement.local_masters))
+    eval_threads = node_cores_left(placement.local_size, placement.local_masters)
     if role is not None and role.shard > 0:
         return Master(cfg, comm, layout, problem, kernel, stop, resumed, eval_threads,
                       run_id=run_id, role=role)

@@ -16,15 +16,17 @@ class Placement:
     local_rank: int  # this rank's index among the ranks on its node
     local_size: int  # ranks on this node
     node: int = 0  # the node's number: the lowest rank of ``comm`` on it
+    local_masters: int = 1  # master ranks (0..K-1 of ``comm``) on this node
 
 
-def local_placement(comm: MPI.Intracomm) -> Placement:
-    """From MPI's shared-memory split, whatever the launcher (MPI decides what a node is).
-    Collective."""
+def local_placement(comm: MPI.Intracomm, masters: int = 1) -> Placement:
+    """From MPI's shared-memory split, whatever the launcher (MPI decides what a node is);
+    ``masters``: ranks 0..masters-1 are masters (--masters K). Collective."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return Placement(node.Get_rank(), node.Get_size(), node.allreduce(comm.Get_rank(),
-                                                                          op=MPI.MIN))
+        rank = comm.Get_rank()
+        return Placement(node.Get_rank(), node.Get_size(), node.allreduce(rank, op=MPI.MIN),
+                         node.allreduce(int(rank < masters), op=MPI.SUM))
     finally:
         node.Free()
 

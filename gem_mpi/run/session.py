@@ -118,7 +118,7 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
     stop = StopFlag().install()
     rank = comm.Get_rank()
     masters = cfg.runtime.masters if cfg.method != config.SYNC else 1
-    placement = local_placement(comm)  # collective: every rank, before the windows
+    placement = local_placement(comm, masters)  # collective: every rank, before the windows
     problem = build_problem(cfg.data, with_theta0=rank < masters)
     # --verbose: rank 0 learns where every rank runs, for its placement line
     ranks = gather_placement(comm, placement, cfg.runtime.threads, problem.quadratic is None

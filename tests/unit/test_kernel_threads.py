@@ -23,6 +23,14 @@ def test_default_is_the_cores_the_other_local_ranks_leave(eight_cores):
     assert gem.node_cores_left(3) == gem.kernel_threads(3)
 
 
+def test_masters_on_one_node_share_the_cores_the_workers_leave(eight_cores):
+    """--masters K on one node: each master its share, not every leftover core K times."""
+    # 8 cores, 4 workers: 4 left; 1, 2, 4 masters get 4, 2, 1 threads each
+    assert [gem.kernel_threads(4 + k, k) for k in (1, 2, 4)] == [4, 2, 1]
+    assert gem.node_cores_left(6, 2) == 2 and gem.node_cores_left(3, 3) == 2
+    assert gem.node_cores_left(20, 4) == 1  # more ranks than cores: at least 1
+
+
 def test_gem_num_threads_overrides(eight_cores, monkeypatch):
     monkeypatch.setenv("GEM_NUM_THREADS", "1")
     assert gem.kernel_threads(1) == 1
