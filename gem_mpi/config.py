@@ -409,10 +409,6 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         raise UsageError(f"--masters {masters} needs at least {masters + 1} MPI ranks (the "
                          f"masters and a worker), got {world_size}: launch with e.g. mpirun "
                          f"-n {masters + 4} python -m gem_mpi.train")
-    if masters > 1 and cfg.optim.gem_proxy != PROXY_LOCAL:
-        raise UsageError(f"--gem-proxy {cfg.optim.gem_proxy} keeps one m over all of θ at the "
-                         f"master: it does not run with --masters {masters} yet (use the local "
-                         "proxy, or one master)")
     if method == SYNC and cfg.optim.worker_mode != WAIT:
         raise UsageError("--worker-mode is for the asynchronous methods: --method sync has no "
                          "master to pipeline against (every step waits for every worker)")

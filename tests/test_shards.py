@@ -93,6 +93,19 @@ def test_each_shard_replays_its_own_event_order_bit_for_bit(tmp_path, masters, s
         assert np.isnan(np.delete(pi, np.s_[a:b], axis=1)).all()
 
 
+@pytest.mark.parametrize("shift", ["others", "paper"])
+def test_the_global_proxy_replays_each_shards_own_event_order_bit_for_bit(tmp_path, shift):
+    """--gem-proxy global: each shard keeps the master's m for its slice of θ and folds its
+    slice of every unscaled Δθ in its own order, so each slice is a one-master global run."""
+    steps = 60
+    h5, theta, _ = _run(tmp_path, 2, "gem", steps, "--gem-proxy", "global",
+                        "--gem-shift", shift)
+    assert_shards_replay(h5, theta, 2, "gem", steps, momentum=MU, kappa=1.0, pi_max=5.0,
+                         eps=1e-16, shift=shift, proxy="global", n_workers=WORKERS)
+    for u in shard_logs(h5, 2):  # each shard's own m, folded from its first update on
+        assert (u["energy_proxy"] > 0).all()
+
+
 @pytest.mark.parametrize("mode", ["wait", "pipelined"])
 def test_adaptive_staleness_takes_each_shards_own_tau(tmp_path, mode):
     """1/(τ+1) with τ the staleness on the shard applying it (its own clock)."""
@@ -112,37 +125,56 @@ def _has_checkpoint(tmp: Path):
     return lambda: bool(list(tmp.glob("checkpoint_*.h5")))
 
 
-def test_stop_and_resume_is_exact_on_every_shard(tmp_path):
+@pytest.mark.parametrize("proxy", ["local", "global"])
+def test_stop_and_resume_is_exact_on_every_shard(tmp_path, proxy):
     """SIGUSR1: rank 0 cuts every shard at the same updates, checkpoints, and every rank
-    exits 3; the resume continues each shard's clock, tickets and θ, and each worker's m:
-    the whole log of each shard replays its slice bit for bit."""
+    exits 3; the resume continues each shard's clock, tickets and θ, and each worker's m
+    (local) or each shard's slice of the master's m (global, gathered into the checkpoint's
+    one ``proxy_m`` and scattered back): the whole log of each shard replays its slice bit
+    for bit."""
     steps = 6000
-    args = _ckpt_args(tmp_path, "gem", steps)
+    args = _ckpt_args(tmp_path, "gem", steps, "--gem-proxy", proxy)
     proc = train_background(WORKERS + 2, *args)
     err = signal_when(proc, _has_checkpoint(tmp_path))
     assert proc.returncode == 3, err
     assert err.count("stopped by signal 10 at update") == 1
-    assert len(list(tmp_path.glob("momentum_w*.h5"))) == WORKERS
+    momentum_files = len(list(tmp_path.glob("momentum_w*.h5")))
     with h5py.File(next(tmp_path.glob("checkpoint_*.h5"))) as f:
         clocks = f["shard_clock"][()].tolist()
         next_seq = f["next_seq"][()]
+        proxy_m = f["proxy_m"][()] if "proxy_m" in f else None
     assert clocks == [int(next_seq.sum())] * 2  # one cut: the same updates on each shard
-    # another cut of θ cannot continue it: one line, exit 2, the files untouched (the resume
-    # below replays bit for bit)
-    other = train(WORKERS + 1, *args, "--masters", "1", "--resume", "auto", timeout=120)
-    lines = [ln for ln in other.stderr.splitlines() if ln.startswith("gem_mpi: error")]
-    assert other.returncode == 2 and len(lines) == 1, other.stderr
-    assert "was written by a run of --masters 2, this one has --masters 1" in lines[0]
+    if proxy == "local":
+        assert momentum_files == WORKERS and proxy_m is None
+        # another cut of θ cannot continue it: one line, exit 2, the files untouched (the
+        # resume below replays bit for bit)
+        other = train(WORKERS + 1, *args, "--masters", "1", "--resume", "auto", timeout=120)
+        lines = [ln for ln in other.stderr.splitlines() if ln.startswith("gem_mpi: error")]
+        assert other.returncode == 2 and len(lines) == 1, other.stderr
+        assert "was written by a run of --masters 2, this one has --masters 1" in lines[0]
+    else:  # the workers keep nothing; m whole, both shards' slices folded
+        assert momentum_files == 0
+        assert proxy_m.shape == (DIM,)
+        assert all((proxy_m[lo:hi] != 0).any() for lo, hi in shard_bounds(2))
     res = train(WORKERS + 2, *args, "--resume", "auto", timeout=300)
     assert res.returncode == 0, res.stderr
-    assert f"worker momentum restored for {WORKERS} of {WORKERS} workers" in res.stderr
+    assert (f"worker momentum restored for {WORKERS} of {WORKERS} workers" if proxy == "local"
+            else "the global proxy's m restored from the checkpoint") in res.stderr
     assert_shards_replay(tmp_path / "run.h5", np.load(tmp_path / "theta.npy"), 2, "gem",
-                         steps, momentum=0.9, pi_max=50.0)
+                         steps, momentum=0.9, pi_max=50.0, proxy=proxy, n_workers=WORKERS)
 
 
-def test_killed_worker_then_resume_applies_every_update_once_on_every_shard(tmp_path):
+@pytest.mark.parametrize("method,extra,rule", [
+    ("downpour", (), {}),
+    ("gem", ("--gem-proxy", "global"), {"momentum": 0.9, "pi_max": 50.0, "proxy": "global",
+                                        "n_workers": WORKERS}),
+])
+def test_killed_worker_then_resume_applies_every_update_once_on_every_shard(tmp_path, method,
+                                                                            extra, rule):
+    """A crash: the resume starts from the last periodic checkpoint, exact for DOWNPOUR and
+    for GEM's global proxy (every checkpoint holds each shard's slice of the master's m)."""
     steps = 8000
-    args = _ckpt_args(tmp_path, "downpour", steps)
+    args = _ckpt_args(tmp_path, method, steps, *extra)
     proc = train_background(WORKERS + 2, *args)
     try:
         wait_until(proc, _has_checkpoint(tmp_path))
@@ -158,8 +190,10 @@ def test_killed_worker_then_resume_applies_every_update_once_on_every_shard(tmp_
     assert res.returncode == 0, res.stderr
     run = load_run(tmp_path / "run.h5")
     assert run.attrs["resumes"] >= 1
-    assert_shards_replay(tmp_path / "run.h5", np.load(tmp_path / "theta.npy"), 2, "downpour",
-                         steps)
+    if method == "gem":
+        assert "the global proxy's m restored from the checkpoint" in res.stderr
+    assert_shards_replay(tmp_path / "run.h5", np.load(tmp_path / "theta.npy"), 2, method,
+                         steps, **rule)
 
 
 @pytest.mark.parametrize("method", ["gem", "downpour"])
@@ -208,8 +242,6 @@ def test_mnist_cnn_learns_with_two_masters(tmp_path):
     (("--masters", "5"), 7, "--masters 5: θ is cut between tensors and this model has only 4"),
     (("--masters", "2", "--method", "sync"), 4, "--masters 2 is for the asynchronous methods"),
     (("--masters", "0"), 4, "--masters must be > 0"),
-    (("--masters", "2", "--gem-proxy", "global"), 4,
-     "does not run with --masters 2 yet"),
 ])
 def test_bad_masters_is_one_line_from_rank_0_and_exit_2(tmp_path, args, ranks, says):
     res = train(ranks, *quadratic_args(*args, dim=DIM, steps=5), timeout=120)

@@ -139,10 +139,11 @@ class Master:
 
     def shard_state(self) -> dict:
         """This shard's part of a checkpoint (copies: the shard goes on after it)."""
-        kept = self.rule.kept(self.ep.payloads)
+        kept, proxy_m = self.rule.kept(self.ep.payloads), self.rule.proxy_m
         return {"theta": self.ep.theta.copy(), "clock": self.clock,
                 "tickets": self.ep.tickets_drawn(), "next_seq": self.next_seq.copy(),
                 "kept_s": None if kept is None else kept.copy(),
+                "proxy_m": None if proxy_m is None else proxy_m.copy(),
                 "rejected": sum(self.rejected.values())}
 
     def state(self) -> dict:
@@ -152,10 +153,11 @@ class Master:
                     "kept_s": self.rule.kept(self.ep.payloads), "proxy_m": self.rule.proxy_m}
         others = self._cut()  # catches this shard up to the cut too
         parts = [self.shard_state(), *others]
-        kept = [p["kept_s"] for p in parts]
+        kept, proxy_m = [p["kept_s"] for p in parts], [p["proxy_m"] for p in parts]
         return {"theta": np.concatenate([p["theta"] for p in parts]), "clock": self.clock,
                 "tickets": parts[0]["tickets"], "next_seq": self.next_seq,
                 "kept_s": None if kept[0] is None else np.concatenate(kept, axis=1),
+                "proxy_m": None if proxy_m[0] is None else np.concatenate(proxy_m),
                 "shard_clock": np.array([p["clock"] for p in parts], np.int64),
                 "shard_tickets": np.array([p["tickets"] for p in parts], np.int64)}
 
@@ -197,7 +199,8 @@ class Master:
         return True
 
     def load_state(self, state: dict) -> None:
-        """A resumed shard's state (sharded: ``state`` holds this shard's own clock and s)."""
+        """A resumed shard's state (sharded: ``state`` holds this shard's own clock, s and
+        slice of the global proxy's m)."""
         self.clock = int(state["clock"])
         self.next_seq = np.array(state["next_seq"], dtype=np.int64)
         kept = self.rule.kept(self.ep.payloads)

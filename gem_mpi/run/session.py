@@ -88,19 +88,21 @@ def _resume(cfg: config.Config, n_workers: int) -> dict | None:
 def _shard_of(comm: MPI.Intracomm, plan: object, rank: int,
               resumed: dict | None) -> dict | None:
     """Among the masters: rank 0 gives each shard its part of the checkpoint (θ, its clock,
-    tickets and kept s); every master returns its own (rank 0 keeps the rest too)."""
+    tickets, kept s and the global proxy's m, each sliced like θ); every master returns its
+    own (rank 0 keeps the rest too)."""
     masters = plan.masters
     if rank == MASTER:
         pieces = []
         for k, (lo, hi) in enumerate(plan.bounds):
             piece = None
             if resumed is not None:
-                kept = resumed.get("kept_s")
+                kept, proxy_m = resumed.get("kept_s"), resumed.get("proxy_m")
                 piece = {"theta": resumed["theta"][lo:hi],
                          "clock": int(resumed["shard_clock"][k]),
                          "tickets": int(resumed["shard_tickets"][k]),
                          "next_seq": resumed["next_seq"],
-                         "kept_s": None if kept is None else kept[:, lo:hi]}
+                         "kept_s": None if kept is None else kept[:, lo:hi],
+                         "proxy_m": None if proxy_m is None else proxy_m[lo:hi]}
             pieces.append(piece)
         for k in range(1, masters):
             comm.send(pieces[k], dest=k, tag=11)
