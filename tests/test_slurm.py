@@ -354,6 +354,33 @@ def test_a_job_across_two_nodes_gets_the_cross_node_transport(slurm, tmp_path):
     assert run.summary["finished"] == 1.0
 
 
+def test_sharded_job_puts_master_k_on_node_k(slurm, tmp_path):
+    """jobs/gem_sharded.sbatch on partition "two": K = 2 masters (one per node, the default),
+    master k on node k and the workers round robin (srun's cyclic distribution), so MPI's own
+    node split groups ranks {0, 2} and {1, 3}; every shard
+    applies every update once. Block placement would group {0, 1} and {2, 3}. No vader: with
+    two ranks on each of two Slurm nodes that are one host, both nodes' shared-memory
+    segments land in the same /dev/shm and the ranks crash in their first collective (seen
+    with a bare mpi4py barrier too); a real cluster's nodes have a /dev/shm each."""
+    tcp = {"OMPI_MCA_osc": "pt2pt", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp",
+           "OMPI_MCA_btl_tcp_if_include": "lo"}
+    env = job_env(tmp_path, GEM_TRAIN_ARGS=f"{QUAD} --max-steps 100 --verbose", **tcp)
+    job = sbatch(JOBS / "gem_sharded.sbatch", "--partition=two", "--nodes=2",
+                 "--ntasks-per-node=4", "--ntasks=4", env=env, cwd=tmp_path)
+    [rec] = wait(job, 180, tmp_path)
+    log = (tmp_path / f"gem_sharded_{job}.out").read_text()
+    ended_ok(rec, log)
+    assert rec["NodeList"] == "gemnode[1-2]"
+    [line] = [ln for ln in log.splitlines() if "gem_mpi: placement: 2 node(s)" in ln]
+    groups = [re.findall(r"rank (\d+) \(", part) for part in line.split(";")[1:]]
+    assert sorted(groups) == [["0", "2"], ["1", "3"]], line
+    assert "2 masters (θ's shards: " in log
+    run = load_run(tmp_path / "runs" / f"gem_sharded_{job}.h5")
+    for u in (run.updates, run.other["shard1"]):
+        assert_exactly_once(u["worker"], u["seq"], (1, 2), 100)
+    assert run.summary["finished"] == 1.0
+
+
 def test_sync_baseline_job_trains_every_rank_a_worker(slurm, tmp_path):
     """The synchronous baseline as a batch job: 2 tasks are 2 workers (no master), the
     effective batch splits over both, the run writes its step metrics and its model. The
