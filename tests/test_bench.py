@@ -139,7 +139,9 @@ def test_bench_overhead_measures_the_ceiling_and_splits_every_rank_s_time(tmp_pa
         assert w["compute"] > 0 and m["apply"] > 0
         assert all(v >= 0 for k, v in w.items() if k != "other")
         assert abs(w["other"]) < 0.25 and abs(m["other"]) < 0.25  # the timers cover the wall
-    assert "ceiling:" in res.stdout and "w:compute" in res.stdout and "vs shared" in res.stdout
+        # the master's CPU: some, and no more than its threads could take over its wall time
+        assert 0 < row["master_cpu"] <= len(os.sched_getaffinity(0)) + 0.05
+    assert "ceiling:" in res.stdout and "m:cpu" in res.stdout and "w:compute" in res.stdout and "vs shared" in res.stdout
 
 
 def test_bench_gpu_dry_run_checks_learning_theta_and_the_masters_kernel(tmp_path):

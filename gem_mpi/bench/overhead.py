@@ -90,7 +90,10 @@ def _row(run: object, method: str, workers: int, job_s: float, ceiling_rate: flo
     worker["other"] = 1.0 - sum(worker.values())
     master = {k: summary[f"master_{k}_s"] / wall for k in MASTER_SPLIT}
     master["other"] = 1.0 - sum(master.values())
-    return {"method": method, "workers": workers, "updates": int(summary["updates"]),
+    # the master's CPU time over its wall time, in cores: what it takes from workers that
+    # share its cores (its wall-time split cannot tell: descheduled, it still counts)
+    master_cpu = float(summary.get("master_cpu_s", np.nan)) / wall
+    return {"master_cpu": master_cpu,"method": method, "workers": workers, "updates": int(summary["updates"]),
             "wall_s": wall, "job_s": job_s, "updates_per_s": rate,
             "ratio": rate / ceiling_rate, "shared_ceiling": shared_rate,
             "ratio_shared": rate / shared_rate if shared_rate else None,
@@ -136,12 +139,13 @@ def print_overhead(result: dict) -> None:
           "ratio = applied updates/s over the master's wall time / ceiling; shared = the same "
           "plain loop as n processes at once (time-shared, no MPI; measured up to n = "
           f"{result['shared_max']}), vs shared = upd/s / shared; the splits are shares of wall "
-          "time (workers: mean over workers), 'other' is what no timer covers")
+          "time (workers: mean over workers), 'other' is what no timer covers; m:cpu = rank "
+          "0's CPU time over its wall time (cores it took, all its threads)")
     for via, launcher in enumerate(result["launchers"], 1):
         print(f"via {via}: {launcher}")
     cols = ["method", "mode", "masters", "workers", "via", "upd/s", "ratio", "shared", "vs shared",
             *(f"w:{k}" for k in WORKER_SPLIT),
-            "w:other", "m:idle", *(f"m:{k}" for k in MASTER_SPLIT[1:]), "m:other"]
+            "w:other", "m:idle", *(f"m:{k}" for k in MASTER_SPLIT[1:]), "m:other", "m:cpu"]
     print(" ".join(f"{c:>9}" for c in cols))
     for r in result["rows"]:
         w, m = r["worker_split"], r["master_split"]
@@ -151,5 +155,6 @@ def print_overhead(result: dict) -> None:
                 f"{shared:.1f}" if shared else "–",
                 f"{r['ratio_shared']:.2f}" if shared else "–",
                 *(f"{100 * w[k]:.1f}%" for k in (*WORKER_SPLIT, "other")),
-                *(f"{100 * m[k]:.1f}%" for k in (*MASTER_SPLIT, "other"))]
+                *(f"{100 * m[k]:.1f}%" for k in (*MASTER_SPLIT, "other")),
+                f"{r.get('master_cpu', float('nan')):.3f}"]
         print(" ".join(f"{v!s:>9}" for v in vals))

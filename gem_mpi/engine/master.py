@@ -101,6 +101,7 @@ class Master:
         self.done = 0  # workers whose budget is used up
         self.rejected: dict[int, int] = {}  # per worker
         self.timers = dict.fromkeys(("wait", "apply", "metrics", "mpi"), 0.0)
+        self.cpu_s = 0.0  # the process's CPU seconds while serving (loop)
         self.worker_time = np.full((self.n_workers, len(WORKER_TIME_COLUMNS)), np.nan)
         self.recent_staleness = 0.0
         self.final_theta: np.ndarray | None = None  # θ once the run ended (rank 0's result)
@@ -252,6 +253,16 @@ class Master:
         return outcome
 
     def loop(self) -> Verdict:
+        """Serve; the process's CPU time over the loop (every thread: the kernel's, the
+        evaluation's) is kept in ``cpu_s``: on a machine the workers share, it is what the
+        master takes from them, which its wall-time split cannot tell."""
+        cpu0 = time.process_time()
+        try:
+            return self._serve()
+        finally:
+            self.cpu_s += time.process_time() - cpu0
+
+    def _serve(self) -> Verdict:
         backoff = self.ep.idle_backoff()  # makes MPI progress too
         clock_fn = time.perf_counter
         next_drain = 0.0
@@ -379,7 +390,8 @@ class Master:
 
     def summary(self) -> dict:
         out = {"rejected": sum(self.rejected.values()), "worker_time": self.worker_time,
-               **{f"master_{k}_s": v for k, v in self.timers.items()}}
+               **{f"master_{k}_s": v for k, v in self.timers.items()},
+               "master_cpu_s": self.cpu_s}
         if self.lead is not None and self._all_done():  # each shard's clock and rejections
             finals = [self.lead.finals[k] for k in self.lead.followers]
             out["shard_clock"] = np.array([self.clock, *[f["clock"] for f in finals]])

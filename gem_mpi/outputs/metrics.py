@@ -60,7 +60,8 @@ EVAL_COLUMNS = [("time", "f8"), ("clock", "f8"), ("test_loss", "f8"), ("test_acc
 REJECTED_COLUMNS = [("time", "f8"), ("worker", "i4"), ("seq", "i8"), ("ticket", "i8")]
 SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished", "rejected",
                   "diverged",
-                  "master_wait_s", "master_apply_s", "master_metrics_s", "master_mpi_s"]
+                  "master_wait_s", "master_apply_s", "master_metrics_s", "master_mpi_s",
+                  "master_cpu_s"]
 # the asynchronous workers' own time split, WORKER_TIME_COLUMNS (seconds, one row per
 # worker, sent with their DONE message, gem_mpi.protocol; /summary/worker_time, NaN for a
 # worker that did not finish): what each worker's wall time went to, from its first pull to
