@@ -96,7 +96,8 @@ class _TorchSteps:
         self._flat = torch.empty(n, dtype=torch.float32, device=self.device)
         self._bind(self._flat)
         self._delta_host = torch.empty(n, dtype=torch.float32, pin_memory=True)
-        self._a_host = torch.empty(n, dtype=torch.float32, pin_memory=True)
+        self._a_host = None  # κ|m|'s page-locked copy: made at its first use (the global
+        # proxy sends no κ|m|, so its workers never pin θ's size a third time)
         self._loss_host = torch.empty(1, dtype=torch.float32, pin_memory=True)
         self._copies = torch.cuda.Stream(self.device)  # host <-> device beside the compute
         self.gpu_s = 0.0
@@ -198,6 +199,9 @@ class _TorchSteps:
         """A device array on the host (κ|m| before it is sent)."""
         if not self.on_gpu:
             return a.numpy()
+        if self._a_host is None:
+            self._a_host = self.torch.empty(a.numel(), dtype=self.torch.float32,
+                                            pin_memory=True)
         self._to_host(((a, self._a_host),)).synchronize()
         return self._a_host.numpy()
 
