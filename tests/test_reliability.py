@@ -38,17 +38,18 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
 
 
 def test_a_slow_worker_does_not_slow_the_others(tmp_path):
-    """Asynchrony at work: while worker 2 is 5x slower, the others keep their own pace.
+    """Asynchrony at work: while worker 2 is 50x slower, the others keep their own pace.
 
     Measured within one run, as counts, not seconds: up to the moment the first fast
     worker has finished, a synchronous system would have let every worker do the same
-    number of steps; here the fast ones do clearly more than the straggler. (Its whole
-    cycle is less than 5x longer: the commit, the pull and the wait for the master are not
-    slowed, so on this 2-core machine the ratio comes out near 2, and lower under load.)
-    """
+    number of steps; here the fast ones do clearly more than the straggler. Only the
+    compute is slowed (0.3 ms here), not the commit, the pull or the wait for the master
+    (a few ms for 200 000 floats on 2 loaded cores), so a factor of 5 left the ratio near
+    2 on a quiet machine and at 1.27 in a full-suite run (2026-12-05): 50 makes the
+    straggler's sleep the larger part of its cycle, whatever the load."""
     steps = 400
     res = train(5, *QUAD, "--quadratic-dim", "200000", "--method", "gem", "--max-steps",
-                str(steps), "--straggler", "2:5", "--metrics", str(tmp_path / "run.h5"),
+                str(steps), "--straggler", "2:50", "--metrics", str(tmp_path / "run.h5"),
                 "--eval-every", "0", timeout=300)
     assert res.returncode == 0, res.stderr
     u = load_run(tmp_path / "run.h5").updates
@@ -56,12 +57,11 @@ def test_a_slow_worker_does_not_slow_the_others(tmp_path):
                      for w in (1, 3, 4))
     counts = Counter(u["worker"][: first_done + 1].tolist())
     fast = np.mean([counts[w] for w in (1, 3, 4)])
-    # near 2 when the machine is quiet; 1.46 once in a full-suite run (2026-12-03)
-    assert fast >= 1.3 * counts[2], counts
+    assert fast >= 1.5 * counts[2], counts
     # and the straggler's own updates carry its slowness in their compute time
     slow_compute = np.median(u["compute_s"][u["worker"] == 2])
     fast_compute = np.median(u["compute_s"][u["worker"] != 2])
-    assert slow_compute > 3 * fast_compute
+    assert slow_compute > 10 * fast_compute
 
 
 def _listening_inodes() -> set[str]:
