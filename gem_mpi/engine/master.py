@@ -423,7 +423,7 @@ def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Prob
     if role is not None:
         t_lo, t_hi = role.plan.tensors[role.shard]
         offsets = offsets[t_lo:t_hi + 1] - offsets[t_lo]
-    # the kernel's threads (GEM_NUM_THREADS, else the cores the other ranks on the node leave)
+    # the kernel's threads (GEM_NUM_THREADS, else this master's share of what the workers leave)
     kernel = Kernel(offsets, prefer_extension=not cfg.runtime.no_extension,
                     threads=kernel_threads(placement.local_size, placement.local_masters))
     eval_threads = node_cores_left(placement.local_size, placement.local_masters)
