@@ -122,26 +122,37 @@ def test_bench_overhead_measures_the_ceiling_and_splits_every_rank_s_time(tmp_pa
     out = tmp_path / "o.json"
     res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "overhead", "--workers", "2",
                           "--methods", "gem", "--steps", "40", "--ceiling-steps", "20",
-                          "--masters", "1", "2", "--json", str(out)], capture_output=True, text=True, timeout=300,
+                          "--worker-modes", "pipelined", "--masters", "1", "2", "--repeat", "2",
+                          "--json", str(out)], capture_output=True, text=True, timeout=300,
                          env=mpi_env(), cwd=REPO, check=False)
     assert res.returncode == 0, res.stderr
     result = json.loads(out.read_text())
     assert result["ceiling_steps_per_s"] > 0 and len(result["ceiling_each"]) >= 1
+    # the ceilings bracket every run: one point before the first, one after each
+    points = result["ceilings"]
+    assert len(points) == 5 and all(p["total"] > 0 and p["shared"] > 0 for p in points)
     rows = result["rows"]
-    # a row per worker mode and number of masters
-    assert [(r["mode"], r["masters"]) for r in rows] == [("wait", 1), ("wait", 2),
-                                                          ("pipelined", 1), ("pipelined", 2)]
-    for row in rows:
+    # a row per number of masters and repeat
+    assert [(r["mode"], r["masters"], r["repeat"]) for r in rows] == [
+        ("pipelined", 1, 1), ("pipelined", 1, 2), ("pipelined", 2, 1), ("pipelined", 2, 2)]
+    for i, row in enumerate(rows):
         assert row["method"] == "gem" and row["workers"] == 2 and row["updates"] == 80
         assert row["via"] == 1 and "via 1: mpirun" in res.stdout
         assert row["ratio"] > 0 and row["shared_ceiling"] > 0 and row["ratio_shared"] > 0
+        # against the mean of the two points around it
+        assert row["shared_ceiling"] == pytest.approx((points[i]["shared"] +
+                                                      points[i + 1]["shared"]) / 2)
+        assert row["drift"] == pytest.approx(points[i + 1]["shared"] / points[i]["shared"])
+        assert row["compute_vs_plain"] > 0
         w, m = row["worker_split"], row["master_split"]
         assert w["compute"] > 0 and m["apply"] > 0
         assert all(v >= 0 for k, v in w.items() if k != "other")
         assert abs(w["other"]) < 0.25 and abs(m["other"]) < 0.25  # the timers cover the wall
         # the master's CPU: some, and no more than its threads could take over its wall time
         assert 0 < row["master_cpu"] <= len(os.sched_getaffinity(0)) + 0.05
-    assert "ceiling:" in res.stdout and "m:cpu" in res.stdout and "w:compute" in res.stdout and "vs shared" in res.stdout
+    assert "ceiling:" in res.stdout and "m:cpu" in res.stdout and "w:compute" in res.stdout
+    assert "vs shared" in res.stdout and "c/plain" in res.stdout
+    assert "pipelined, 2 master(s), 2 worker(s), via 1: ratio" in res.stdout  # the medians
 
 
 def test_bench_gpu_dry_run_checks_learning_theta_and_the_masters_kernel(tmp_path):

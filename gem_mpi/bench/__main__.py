@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                    "K, each with n workers (n + K ranks)")
     o.add_argument("--steps", type=int, default=600, help="steps per worker")
     o.add_argument("--ceiling-steps", type=int, default=300, help="steps per ceiling process")
+    o.add_argument("--repeat", type=int, default=1, help="runs per row, each between two "
+                   "ceiling measurements; with more than one, the medians are printed too")
     o.add_argument("--shared-max", type=int, default=16, help="measure the time-shared "
                    "ceiling (n plain processes at once) for n up to this many workers")
     o.add_argument("--model", default="mnist-cnn")

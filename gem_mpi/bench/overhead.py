@@ -3,15 +3,17 @@
 The ceiling is the same forward/backward/step loop with no MPI at all: plain momentum SGD on
 the same model and data path, one process per core, all at once, their rates summed. Then
 each asynchronous method trains as a real mpirun job with n workers, and its applied updates
-per second over the master's wall time are divided by the ceiling measured minutes before in
-the same command. Where the time went comes from the run's own metrics file: each worker's
+per second over the master's wall time are divided by the mean of the ceilings measured just
+before and just after it (this machine's speed drifts by more than the gaps measured here). Where the time went comes from the run's own metrics file: each worker's
 split (compute, copying θ into the model, building the payload, commit, waiting for the
 application, back-off sleeps, pull, --straggler sleeps) and the master's (idle, kernel, MPI
 work, metrics); what no timer covers is printed as "other", so every row adds up to 100 %.
 
 With more workers than cores, part of the gap is the time-sharing itself, not gem_mpi: so for
 each n up to ``--shared-max`` the same plain loop also runs as n processes at once (no MPI,
-no master), and each row shows its ratio to that time-shared ceiling too.
+no master), and each row shows its ratio to that time-shared ceiling too, and how the
+workers' compute per step compares with the plain loop's step: what the run slows in the
+compute itself, apart from the time spent outside it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import itertools
 import multiprocessing as mp
 import os
+import statistics
 import tempfile
 import time
 
@@ -81,11 +84,39 @@ def ceiling(options: dict, processes: int, steps: int) -> list[float]:
     return rates
 
 
-def _row(run: object, method: str, workers: int, job_s: float, ceiling_rate: float,
-         shared_rate: float | None) -> dict:
+class Ceilings:
+    """The plain loop's rates, measured just before and just after every run.
+
+    A shared machine's speed drifts by 10–20 % over minutes (docs/PERFORMANCE.md), more than
+    the gaps this bench is after; so each run is divided by the mean of the ceilings that
+    bracket it, and the row shows how far they drifted. A point holds the all-cores
+    ceiling and, for n up to ``shared_max``, the time-shared one of n processes."""
+
+    def __init__(self, options: dict, cores: int, steps: int, shared_max: int) -> None:
+        self.options, self.cores, self.steps, self.shared_max = (options, cores, steps,
+                                                                 shared_max)
+        self.points: list[dict] = []  # every point measured, in order (the JSON keeps them)
+
+    def measure(self, n: int) -> dict:
+        each = ceiling(self.options, self.cores, self.steps)
+        shared = (float(sum(ceiling(self.options, n, self.steps)))
+                  if n <= self.shared_max else None)
+        point = {"workers": n, "total": float(sum(each)), "each": each, "shared": shared}
+        self.points.append(point)
+        return point
+
+
+def _mean(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else (a + b) / 2.0
+
+
+def _row(run: object, method: str, workers: int, job_s: float, before: dict,
+         after: dict) -> dict:
     summary, wt = run.summary, run.worker_time
     wall = summary["wall_s"]
     rate = summary["updates"] / wall
+    ceiling_rate = _mean(before["total"], after["total"])
+    shared_rate = _mean(before["shared"], after["shared"])
     worker = {k: float(np.nanmean(wt[k] / wt["wall"])) for k in WORKER_SPLIT}
     worker["other"] = 1.0 - sum(worker.values())
     master = {k: summary[f"master_{k}_s"] / wall for k in MASTER_SPLIT}
@@ -93,25 +124,32 @@ def _row(run: object, method: str, workers: int, job_s: float, ceiling_rate: flo
     # the master's CPU time over its wall time, in cores: what it takes from workers that
     # share its cores (its wall-time split cannot tell: descheduled, it still counts)
     master_cpu = float(summary.get("master_cpu_s", np.nan)) / wall
-    return {"master_cpu": master_cpu,"method": method, "workers": workers, "updates": int(summary["updates"]),
-            "wall_s": wall, "job_s": job_s, "updates_per_s": rate,
-            "ratio": rate / ceiling_rate, "shared_ceiling": shared_rate,
+    # a worker's compute (θ into the model, forward, backward, Δθ) per step against the
+    # plain loop's step run as the same number of processes: above 1, the compute itself
+    # is slower in the run than alone, whatever the time outside it
+    step = float(np.nanmean((wt["compute"] + wt["load"]) / (summary["updates"] / workers)))
+    compute_vs_plain = step * shared_rate / workers if shared_rate else None
+    reference = "shared" if shared_rate else "total"
+    return {"master_cpu": master_cpu, "method": method, "workers": workers,
+            "updates": int(summary["updates"]), "wall_s": wall, "job_s": job_s,
+            "updates_per_s": rate, "ceiling": ceiling_rate, "ratio": rate / ceiling_rate,
+            "shared_ceiling": shared_rate,
             "ratio_shared": rate / shared_rate if shared_rate else None,
+            "drift": after[reference] / before[reference],
+            "compute_vs_plain": compute_vs_plain,
             "worker_split": worker, "master_split": master}
 
 
 def bench_overhead(args: argparse.Namespace) -> dict:
     options = {"model": args.model, "dataset": args.dataset, "batch_size": args.batch_size}
     cores = len(os.sched_getaffinity(0))
-    rates = ceiling(options, cores, args.ceiling_steps)
-    total = float(sum(rates))
+    ceilings = Ceilings(options, cores, args.ceiling_steps, args.shared_max)
     rows = []
     with tempfile.TemporaryDirectory(prefix="gem_overhead_") as out_dir:
         for n in args.workers:
-            shared = (float(sum(ceiling(options, n, args.ceiling_steps)))
-                      if n <= args.shared_max else None)
-            for method, mode, k in itertools.product(args.methods, args.worker_modes,
-                                                     args.masters):
+            before = ceilings.measure(n)
+            for method, mode, k, rep in itertools.product(args.methods, args.worker_modes,
+                                                          args.masters, range(args.repeat)):
                 for via, mpirun in enumerate(args.mpirun, 1):
                     run, job_s = run_training(
                         mpirun, n + k,
@@ -119,42 +157,76 @@ def bench_overhead(args: argparse.Namespace) -> dict:
                          "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
                          "--eval-every", "0", "--threads", "1", "--log-every", "60",
                          "--worker-mode", mode, "--masters", str(k)],
-                        os.path.join(out_dir, f"{method}_{mode}_{n}_{k}_{via}.h5"), "overhead")
-                    rows.append({"via": via, "mode": mode, "masters": k,
-                                 **_row(run, method, n, job_s, total, shared)})
+                        os.path.join(out_dir, f"{method}_{mode}_{n}_{k}_{rep}_{via}.h5"),
+                        "overhead")
+                    after = ceilings.measure(n)
+                    rows.append({"via": via, "mode": mode, "masters": k, "repeat": rep + 1,
+                                 **_row(run, method, n, job_s, before, after)})
+                    before = after
+    first = ceilings.points[0]
     return {"bench": "overhead", "machine": _machine(), "model": args.model,
             "dataset": args.dataset, "batch_size": args.batch_size, "cores": cores,
-            "ceiling_steps_per_s": total, "ceiling_each": rates, "steps": args.steps,
+            "ceiling_steps_per_s": first["total"], "ceiling_each": first["each"],
+            "ceilings": ceilings.points, "steps": args.steps, "repeat": args.repeat,
             "shared_max": args.shared_max, "launchers": args.mpirun, "rows": rows}
 
 
+def _medians(rows: list[dict]) -> list[tuple[tuple, list[dict]]]:
+    """The rows grouped by everything but the repeat, in their order."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        key = (r["method"], r["mode"], r.get("masters", 1), r["workers"], r["via"])
+        groups.setdefault(key, []).append(r)
+    return list(groups.items())
+
+
+def _spread(group: list[dict], key: str) -> str:
+    vals = [g[key] for g in group if g[key] is not None]
+    if not vals:
+        return "–"
+    return f"{statistics.median(vals):.2f} ({min(vals):.2f}–{max(vals):.2f})"
+
+
 def print_overhead(result: dict) -> None:
-    each = ", ".join(f"{r:.1f}" for r in result["ceiling_each"])
+    first = result["ceilings"][0]
+    each = ", ".join(f"{r:.1f}" for r in first["each"])
+    totals = ", ".join(f"{p['total']:.1f}" for p in result["ceilings"])
     print(f"gem_mpi.bench overhead: {result['machine']}; {result['model']}/{result['dataset']}, "
           f"b {result['batch_size']}, 1 torch thread per process, {result['steps']} steps per "
-          "worker, no evaluation")
+          f"worker, no evaluation, {result['repeat']} run(s) per row")
     print(f"ceiling: {result['cores']} plain momentum-SGD processes at once (one per core, no "
-          f"MPI): {result['ceiling_steps_per_s']:.1f} steps/s ({each})")
+          f"MPI), measured before and after every run: first {first['total']:.1f} steps/s "
+          f"({each}), all {totals}")
     print("masters: K of --masters K (θ sharded over K ranks; the master split is rank 0's); "
-          "ratio = applied updates/s over the master's wall time / ceiling; shared = the same "
-          "plain loop as n processes at once (time-shared, no MPI; measured up to n = "
-          f"{result['shared_max']}), vs shared = upd/s / shared; the splits are shares of wall "
-          "time (workers: mean over workers), 'other' is what no timer covers; m:cpu = rank "
-          "0's CPU time over its wall time (cores it took, all its threads)")
+          "ratio = applied updates/s over the master's wall time / the mean of the ceilings "
+          "just before and just after the run; shared = the same plain loop as n processes at "
+          "once (time-shared, no MPI; measured up to n = "
+          f"{result['shared_max']}), vs shared = upd/s / shared; drift = the ceiling after "
+          "the run over the one before (shared where measured); c/plain = a worker's compute "
+          "per step over the plain loop's step (n processes at once); the splits are shares "
+          "of wall time (workers: mean over workers), 'other' is what no timer covers; m:cpu "
+          "= rank 0's CPU time over its wall time (cores it took, all its threads)")
     for via, launcher in enumerate(result["launchers"], 1):
         print(f"via {via}: {launcher}")
-    cols = ["method", "mode", "masters", "workers", "via", "upd/s", "ratio", "shared", "vs shared",
-            *(f"w:{k}" for k in WORKER_SPLIT),
+    cols = ["method", "mode", "masters", "workers", "via", "run", "upd/s", "ratio", "shared",
+            "vs shared", "drift", "c/plain", *(f"w:{k}" for k in WORKER_SPLIT),
             "w:other", "m:idle", *(f"m:{k}" for k in MASTER_SPLIT[1:]), "m:other", "m:cpu"]
     print(" ".join(f"{c:>9}" for c in cols))
     for r in result["rows"]:
         w, m = r["worker_split"], r["master_split"]
         shared = r["shared_ceiling"]
-        vals = [r["method"], r["mode"], r.get("masters", 1), r["workers"], r["via"], f"{r['updates_per_s']:.1f}",
-                f"{r['ratio']:.2f}",
+        vals = [r["method"], r["mode"], r.get("masters", 1), r["workers"], r["via"],
+                r.get("repeat", 1), f"{r['updates_per_s']:.1f}", f"{r['ratio']:.2f}",
                 f"{shared:.1f}" if shared else "–",
-                f"{r['ratio_shared']:.2f}" if shared else "–",
+                f"{r['ratio_shared']:.2f}" if shared else "–", f"{r['drift']:.2f}",
+                f"{r['compute_vs_plain']:.2f}" if r["compute_vs_plain"] else "–",
                 *(f"{100 * w[k]:.1f}%" for k in (*WORKER_SPLIT, "other")),
                 *(f"{100 * m[k]:.1f}%" for k in (*MASTER_SPLIT, "other")),
                 f"{r.get('master_cpu', float('nan')):.3f}"]
         print(" ".join(f"{v!s:>9}" for v in vals))
+    if result["repeat"] > 1:
+        print(f"medians over the {result['repeat']} runs of each row (min–max):")
+        for (method, mode, k, n, via), group in _medians(result["rows"]):
+            print(f"  {method} {mode}, {k} master(s), {n} worker(s), via {via}: ratio "
+                  f"{_spread(group, 'ratio')}, vs shared {_spread(group, 'ratio_shared')}, "
+                  f"c/plain {_spread(group, 'compute_vs_plain')}")
