@@ -176,6 +176,24 @@ bool fixed_step(const py::object& theta_o, const py::object& delta_o, float scal
                              threads);
 }
 
+void worker_fold(const py::object& m_in_o, const py::object& delta_o, const py::object& m_out_o,
+                 const py::object& a_o, float mu, float kappa) {
+  const char* fn = "worker_fold";
+  F32 m_in = as_vector(fn, "m_in", m_in_o, false);
+  F32 delta = as_vector(fn, "delta", delta_o, false);
+  F32 m_out = as_vector(fn, "m_out", m_out_o, true);
+  F32 a = as_vector(fn, "a", a_o, true);
+  const py::ssize_t n = m_in.size();
+  check_size(fn, "delta", delta, n);
+  check_size(fn, "m_out", m_out, n);
+  check_size(fn, "a", a, n);
+  float* m_out_p = m_out.mutable_data();
+  float* a_p = a.mutable_data();
+  py::gil_scoped_release nogil;
+  gem_mpi::worker_fold(m_in.data(), delta.data(), m_out_p, a_p, static_cast<std::size_t>(n),
+                       mu, kappa);
+}
+
 void triad(const py::object& a_o, const py::object& b_o, const py::object& c_o, float q,
            int threads, bool spawn) {
   F32 a = as_vector("triad", "a", a_o, true);
@@ -257,6 +275,11 @@ leaves m untouched too. The GIL is released.)doc");
 theta += float32(scale) * delta in place (DOWNPOUR, adaptive staleness), bit-identical to
 numpy; returns False, writing nothing, when delta holds a NaN or Inf.)doc");
 
+  m.def("worker_fold", &worker_fold, py::arg("m_in"), py::arg("delta"), py::arg("m_out"),
+        py::arg("a"), py::arg("mu"), py::arg("kappa"),
+        "worker_fold(m_in, delta, m_out, a, mu, kappa): a GEM worker's fold in one pass, "
+        "m_out = mu*m_in + delta, a = |m_out|*kappa, each a float32 rounding (bit-identical "
+        "to gem_mpi.algorithm.rule.Momentum's numpy fold; m_out may be m_in)");
   m.def("triad", &triad, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("q"),
         py::arg("threads") = 1, py::arg("spawn") = false,
         "triad(a, b, c, q, threads=1, spawn=False): a = b + q * c (benchmark); spawn: on "

@@ -309,6 +309,16 @@ bool fixed_step(float* theta, const float* delta, std::size_t n, float scale, in
   return true;
 }
 
+GEM_MPI_CLONES void worker_fold(const float* m_in, const float* delta, float* m_out, float* a,
+                                std::size_t n, float mu, float kappa) {
+  for (std::size_t i = 0; i < n; ++i) {
+    float m = mu * m_in[i];
+    m = m + delta[i];
+    m_out[i] = m;
+    a[i] = std::fabs(m) * kappa;
+  }
+}
+
 namespace {
 // cloned like the GEM loops, so the reference gets the same vector width
 GEM_MPI_CLONES void triad_range(float* a, const float* b, const float* c, float q,

@@ -68,6 +68,13 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
 // unless delta holds a non-finite value: then nothing is written and false is returned.
 bool fixed_step(float* theta, const float* delta, std::size_t n, float scale, int threads);
 
+// A GEM worker's proxy momentum, folded in one pass (its --gem-proxy local payload):
+//   m_out[i] = mu * m_in[i] ;  m_out[i] = m_out[i] + delta[i] ;  a[i] = |m_out[i]| * kappa
+// each a float32 rounding, as the numpy/torch fold (gem_mpi.algorithm.rule.Momentum) does it
+// in three passes. m_out may be m_in (in place). On one thread: a worker's core is its own.
+void worker_fold(const float* m_in, const float* delta, float* m_out, float* a, std::size_t n,
+                 float mu, float kappa);
+
 // Every kernel with threads > 1 cuts [0, n) into `threads` contiguous ranges of a multiple
 // of 64 elements each (fewer when n < 64 threads: then one); the caller runs range 0 and
 // the process's persistent pool thread w range w (thread_pool.hpp).

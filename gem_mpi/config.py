@@ -229,7 +229,8 @@ class RuntimeConfig:
                        "tensors) with its own clock, tickets and mailboxes; every worker "
                        "commits to and pulls from each; asynchronous methods only. Must match "
                        "the checkpoint on --resume", check=POSITIVE, metavar="K")
-    no_extension: bool = opt(False, "use the numpy reference at the master even when the C++ "
+    no_extension: bool = opt(False, "use the numpy reference at the master (and the "
+                             "three-pass fold of the GEM workers' momentum) even when the C++ "
                              "extension is built")
     straggler: str | None = opt(None, "make worker WORKER (1..n: MPI rank K-1+WORKER with "
                                 "--masters K, rank WORKER-1 with --method sync, which has no "

@@ -508,3 +508,48 @@ def test_global_proxy_arguments_are_checked(core):
         core.gem_step(**{**args, "a": None, "m": m})
     with pytest.raises(ValueError):
         core.gem_step(**{**args, "a": None, "m": np.zeros(100, np.float32)})
+
+
+@pytest.mark.parametrize("host", ["numpy", "torch"])
+def test_worker_fold_in_one_pass_is_the_three_pass_fold_bit_for_bit(core, host):
+    """A GEM worker's fused fold (m ← μ·m + Δθ, a = κ|m|, gem_mpi._core.worker_fold) against
+    the numpy/torch fold it replaces: m, the m before the last fold, a and the count the
+    same bits step after step, on numpy arrays and on CPU tensors (views of their memory),
+    including inputs where μ·m and Δθ nearly cancel (an FMA would differ there)."""
+    from gem_mpi.algorithm.rule import Momentum
+    from gem_mpi.config import OptimConfig
+
+    optim = OptimConfig(method="gem", momentum=0.9, kappa=1.7)
+    n = 100_003
+    lib = np if host == "numpy" else pytest.importorskip("torch")
+    like = np.zeros(n, np.float32) if host == "numpy" else lib.zeros(n, dtype=lib.float32)
+    ref = Momentum.zeros_like(np.zeros(n, np.float32), optim)
+    fused = Momentum.zeros_like(like, optim, extension=core)
+    assert fused.fused is core and ref.fused is None
+    rng = np.random.default_rng(7)
+    for step in range(12):
+        delta = (rng.normal(size=n) * 10.0 ** rng.integers(-6, 2)).astype(np.float32)
+        if step == 6:  # nearly cancels: one rounding (an FMA) would differ from two
+            delta = (-(np.float32(0.9) * ref.m) * (1 + rng.normal(size=n) * 1e-3)).astype(
+                np.float32)
+        a_ref = ref.fold(delta)
+        a = fused.fold(delta if host == "numpy" else lib.from_numpy(delta.copy()))
+        m, prev = fused.arrays()
+        a_np = a if host == "numpy" else a.numpy()
+        for got, want in ((a_np, a_ref), (m, ref.m), (prev, ref.prev)):
+            assert np.array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
+    assert fused.folded == ref.folded == 12
+    # a resume's restore writes the m the next fold starts from
+    fused.restore(ref.m.copy(), 12)
+    a = fused.fold(np.ones(n, np.float32) if host == "numpy" else lib.ones(n))
+    a_ref = ref.fold(np.ones(n, np.float32))
+    assert np.array_equal(np.asarray(a if host == "numpy" else a.numpy()).view(np.uint32),
+                          a_ref.view(np.uint32))
+
+
+def test_worker_fold_refuses_mismatched_arrays(core):
+    x = np.zeros(10, np.float32)
+    with pytest.raises(ValueError, match="worker_fold: a"):
+        core.worker_fold(x, x, x, np.zeros(9, np.float32), 0.9, 1.0)
+    with pytest.raises(ValueError, match="float32"):
+        core.worker_fold(x, np.zeros(10), x, x, 0.9, 1.0)

@@ -79,18 +79,34 @@ class Momentum:
     mu: Any  # μ and κ as the array library multiplies them: float32 for numpy
     kappa: Any
     folded: int = 0
+    fused: Any = None  # gem_mpi._core, when the fold runs there in one pass (host memory)
+    a: Any = None  # the fused fold's κ|m|, reused: each payload is sent before the next fold
 
     @classmethod
-    def zeros_like(cls, x: Any, optim: OptimConfig) -> Momentum:
+    def zeros_like(cls, x: Any, optim: OptimConfig, extension: Any = None) -> Momentum:
+        """``extension``: gem_mpi._core, to fold in one pass when ``x`` is in host memory (a
+        numpy array or a CPU tensor); the fold is then a third of the memory traffic."""
         if isinstance(x, np.ndarray):
             z, scalar = np.zeros_like(x), np.float32
         else:  # torch: a Python float multiplies a float32 tensor in float32
             z, scalar = x.new_zeros(x.shape), float
-        return cls(z, z.clone() if hasattr(z, "clone") else z.copy(),
-                   scalar(optim.momentum), scalar(optim.kappa))
+        momentum = cls(z, z.clone() if hasattr(z, "clone") else z.copy(),
+                       scalar(optim.momentum), scalar(optim.kappa))
+        if extension is not None and (isinstance(x, np.ndarray) or x.device.type == "cpu"):
+            momentum.fused = extension
+            momentum.a = z.clone() if hasattr(z, "clone") else z.copy()
+        return momentum
 
     def fold(self, delta: Any) -> Any:
-        """m ← μ·m + Δθ in place; returns a = κ·|m| (a new array of the same library)."""
+        """m ← μ·m + Δθ; returns a = κ·|m| (of the same library; fused: the same array each
+        time, else a new one). Fused, the new m is written over prev, which then takes the
+        old m's array: the same values, one pass, no copy."""
+        if self.fused is not None:
+            self.fused.worker_fold(_host(self.m), _host(delta), _host(self.prev),
+                                   _host(self.a), float(self.mu), float(self.kappa))
+            self.m, self.prev = self.prev, self.m
+            self.folded += 1
+            return self.a
         self.prev[...] = self.m
         self.m *= self.mu
         self.m += delta
@@ -115,18 +131,25 @@ class Momentum:
         self.folded = folded
 
 
+def _host(x: Any) -> np.ndarray:
+    """A host array's numpy view (a CPU tensor shares its memory)."""
+    return x if isinstance(x, np.ndarray) else x.numpy()
+
+
 class WorkerRule:
     """The worker's half: what it sends the master for each Δθ, in the layout
     :meth:`MasterRule.apply` reads."""
 
-    def __init__(self, optim: OptimConfig, like: Any, resumed: bool = False) -> None:
+    def __init__(self, optim: OptimConfig, like: Any, resumed: bool = False,
+                 extension: Any = None) -> None:
         """``like``: an array (numpy, or a torch tensor on the worker's device) of θ's size;
         ``resumed``: this worker's updates before a checkpoint were applied, so with the
         paper's shift the master holds its s already (the checkpoint carries it). With the
-        global proxy the worker keeps no momentum: the master does."""
+        global proxy the worker keeps no momentum: the master does. ``extension``:
+        gem_mpi._core, to fold m in one pass when it lives in host memory."""
         self.gem = optim.method == GEM
         local = self.gem and optim.gem_proxy != PROXY_GLOBAL
-        self.momentum = Momentum.zeros_like(like, optim) if local else None
+        self.momentum = Momentum.zeros_like(like, optim, extension) if local else None
         self.send_s_once = update_payload(optim, 0).kept == SHIFT_BASE  # the master keeps s
         self.sent_s = resumed
 

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from gem_mpi.algorithm.kernel import load_extension
 from gem_mpi.algorithm.rule import WorkerRule
 from gem_mpi.config import PIPELINED, Config, DataConfig, OptimConfig
 from gem_mpi.engine.shards import Plan
@@ -232,9 +233,10 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
     poison_all = plan.poison_all if plan.masters > 1 else None
     directory = cfg.outputs.checkpoint_dir
     on_device = isinstance(steps_fn, _TorchSteps)
+    extension = None if cfg.runtime.no_extension else load_extension()[0]
     rule = WorkerRule(cfg.optim, steps_fn.delta if on_device else np.zeros(problem.n_params,
                                                                              np.float32),
-                      resumed=start_seq > 0)
+                      resumed=start_seq > 0, extension=extension)
     momentum = rule.momentum
     if momentum is not None:
         momentum.folded = start_seq
