@@ -4,10 +4,11 @@ The ceiling is the same forward/backward/step loop with no MPI at all: plain mom
 the same model and data path, one process per core, all at once, their rates summed. Then
 each asynchronous method trains as a real mpirun job with n workers, and its applied updates
 per second over the master's wall time are divided by the mean of the ceilings measured just
-before and just after it (this machine's speed drifts by more than the gaps measured here). Where the time went comes from the run's own metrics file: each worker's
-split (compute, copying θ into the model, building the payload, commit, waiting for the
-application, back-off sleeps, pull, --straggler sleeps) and the master's (idle, kernel, MPI
-work, metrics); what no timer covers is printed as "other", so every row adds up to 100 %.
+before and just after it (this machine's speed drifts by more than the gaps measured here).
+Where the time went comes from the run's own metrics file: each worker's split (compute,
+copying θ into the model, building the payload, commit, waiting for the application, back-off
+sleeps, pull, --straggler sleeps) and the master's (idle, kernel, MPI work, metrics); what no
+timer covers is printed as "other", so every row adds up to 100 %.
 
 With more workers than cores, part of the gap is the time-sharing itself, not gem_mpi: so for
 each n up to ``--shared-max`` the same plain loop also runs as n processes at once (no MPI,
