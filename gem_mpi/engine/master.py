@@ -309,7 +309,9 @@ class Master:
         apply_total = 0.0
         self.ep.begin_write()
         batch = []
-        for slot in ready:
+        for i, slot in enumerate(ready):
+            if i:  # workers' RMA on rank 0 moves on between updates
+                self.ep.progress.once()
             msg = self.ep.take(int(slot))
             sup.heard(msg.rank, msg.kind == DONE)
             if msg.kind == DONE:  # it carries the worker's time split
@@ -321,13 +323,15 @@ class Master:
             ok, stats = self.rule.apply(self.ep.theta, msg.payload, staleness)
             apply_s = clock_fn() - t
             apply_total += apply_s
-            self.ep.progress.once()  # workers' RMA on rank 0 moves on between updates
             batch.append(Applied(msg.rank, msg.seq, msg.ticket, msg.version, msg.loss,
                                  msg.compute_s, ok, self.clock, staleness, apply_s,
                                  sup.since_start(t), stats))
             if ok:
                 self.clock += 1
         self.ep.end_write(self.clock)
+        # and after the write, not inside it: an entry that finds nothing to do may yield
+        # the core (oversubscribed Open MPI), and every pull waits while θ is being written
+        self.ep.progress.once()
         self.ep.release(ready)
         # the data positions move with θ, before any row is written: a failed write then
         # cannot leave them apart
