@@ -54,3 +54,19 @@ def test_no_worker_starved_when_master_is_the_bottleneck(tmp_path):
     share = len(log) // 2 / workers
     assert set(first_half) == set(range(1, workers + 1))
     assert min(first_half.values()) >= 0.5 * share
+
+
+def test_a_pull_waits_for_a_held_write_without_spinning(tmp_path):
+    """Rank 0 holds θ's write open for 0.3 s (no MPI call meanwhile, as when it is
+    descheduled mid-write): each worker's pull returns the new θ whole, after the write,
+    having read the sequence word in vain a few hundred times at most (sleeping between
+    reads, up to 100 µs): a reader retrying at once would read it tens of thousands of
+    times, taking the core from the rank 0 it waits for."""
+    out = tmp_path / "held.json"
+    res = mpirun(3, [str(PROGS / "held_write.py"), "1000", "0.3", str(out)], timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    r = json.loads(out.read_text())
+    for w in r["workers"]:
+        assert w["version"] == 1 and w["min"] == w["max"] == 1.0  # the new θ, whole
+        assert w["waited_s"] >= 0.2  # it did wait for the write
+        assert 0 < w["retries"] <= 0.3 / 50e-6  # at most one read per 50 µs on average
