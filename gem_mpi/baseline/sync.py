@@ -253,7 +253,7 @@ class SyncRun:
             if sup is not None:  # this step is done on every rank: its row goes in (unless
                 # the metrics file failed), so the checkpoint's rows match its step
                 self._record(losses, float(np.max(rows[:, _COMPUTE])), allreduce_s)
-                sup.show(f"loss {self.losses.recent:.4f} workers {self.n}")
+                sup.show(lambda: f"loss {self.losses.recent:.4f} workers {self.n}")
             if ruled is not None and ruled is not Outcome.STOPPED:
                 return verdict if verdict is not None else Verdict(ruled)
             if ruled is Outcome.STOPPED or rows[:, _STOP].any():

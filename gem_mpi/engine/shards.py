@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import pickle
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -180,7 +181,7 @@ class Follower:
     def evaluate(self, theta: np.ndarray, done: int) -> None:
         """Only the lead evaluates (θ gathered from every shard)."""
 
-    def show(self, status: str) -> None:
+    def show(self, status: Callable[[], str]) -> None:
         """Only the lead shows progress."""
 
     def since_start(self, t: float) -> float:

@@ -137,18 +137,21 @@ class ProgressLine:
 
             self._bar = tqdm(unit=unit, file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
 
+    def due(self) -> bool:
+        """Whether :meth:`update` would show anything now: callers build its text only then
+        (rank 0 asks after every batch and on idle wake-ups, thousands of times a second)."""
+        wait = 0.5 if self._bar is not None else self.log_every
+        return time.monotonic() - self._last >= wait
+
     def update(self, clock: int, rate: float, text: str) -> None:
+        self._last = time.monotonic()
         if self._bar is not None:
             self._bar.n = clock
             self._bar.set_postfix_str(text, refresh=False)
-            self._bar.refresh() if time.monotonic() - self._last > 0.5 else None
-            self._last = time.monotonic()
+            self._bar.refresh()
             return
-        now = time.monotonic()
-        if now - self._last >= self.log_every:
-            self._last = now
-            print(f"gem_mpi: {clock} {self.noun}, {rate:.1f} {self.unit}/s, {text}",
-                  file=sys.stderr, flush=True)
+        print(f"gem_mpi: {clock} {self.noun}, {rate:.1f} {self.unit}/s, {text}",
+              file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -340,9 +340,11 @@ class RunSupervisor:
                            f"{self.monitor.worker_timeout:g}): it or its node is stuck")
         return None
 
-    def show(self, status: str) -> None:
-        rate = (self.position - self._first) / max(self.elapsed() - self.elapsed0, 1e-9)
-        self.progress.update(self.position, rate, status)
+    def show(self, status: Callable[[], str]) -> None:
+        """The progress line, when one is due (``status`` is called only then)."""
+        if self.progress.due():
+            rate = (self.position - self._first) / max(self.elapsed() - self.elapsed0, 1e-9)
+            self.progress.update(self.position, rate, status())
 
     def begin(self) -> None:
         """Training starts now (set-up time is not the run's)."""
