@@ -162,6 +162,29 @@ bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::ob
                            threads, global ? &proxy : nullptr);
 }
 
+void gem_summary(const py::object& hist_o, const py::object& sums_o, const py::object& counts_o,
+                 const py::object& sizes_o, double pi_max, const py::object& per_tensor_o,
+                 const py::object& scalars_o) {
+  const char* fn = "gem_summary";
+  auto hist = as_typed<std::int64_t>(fn, "hist", hist_o, 2, false);
+  auto sums = as_typed<double>(fn, "sums", sums_o, 2, false);
+  auto counts = as_typed<std::int64_t>(fn, "counts", counts_o, 2, false);
+  auto sizes = as_typed<std::int64_t>(fn, "sizes", sizes_o, 1, false);
+  auto per_tensor = as_typed<float>(fn, "per_tensor", per_tensor_o, 2, true);
+  auto scalars = as_typed<double>(fn, "scalars", scalars_o, 1, true);
+  const py::ssize_t t = sizes.size();
+  if (hist.shape(0) != t || hist.shape(1) != gem_mpi::kHistRow || sums.shape(0) != t ||
+      sums.shape(1) != 2 || counts.shape(0) != t || counts.shape(1) != gem_mpi::kCounts ||
+      per_tensor.shape(0) != 4 || per_tensor.shape(1) != t || scalars.size() != 3) {
+    throw py::value_error("gem_summary: needs hist (T, HIST_BINS + 2), sums (T, 2), counts "
+                          "(T, COUNTS), sizes (T,), per_tensor (4, T) and scalars (3,)");
+  }
+  if (!(pi_max > 0.0)) throw py::value_error("gem_summary: needs pi_max > 0");
+  gem_mpi::gem_summary(hist.data(), sums.data(), counts.data(), sizes.data(),
+                       static_cast<std::size_t>(t), pi_max, per_tensor.mutable_data(),
+                       scalars.mutable_data());
+}
+
 bool fixed_step(const py::object& theta_o, const py::object& delta_o, float scale,
                 int threads) {
   const char* fn = "fixed_step";
@@ -267,6 +290,14 @@ s itself): receives theta before the update. The global proxy: a is None and m (
 same size, written) is the master's first moment: m = mu*m + gain*delta and
 a = |m|*kappa are computed in the same pass, each a float32 rounding; a rejected update
 leaves m untouched too. The GIL is released.)doc");
+
+  m.def("gem_summary", &gem_summary, py::arg("hist"), py::arg("sums"), py::arg("counts"),
+        py::arg("sizes"), py::arg("pi_max"), py::arg("per_tensor"), py::arg("scalars"),
+        "gem_summary(hist, sums, counts, sizes, pi_max, per_tensor, scalars): what the "
+        "metrics record of one gem_step, read off its statistics, with the numpy reference's "
+        "bits: per_tensor (float32, (4, T)) gets each tensor's median pi, clamped share, "
+        "share clamped low and share with delta == 0; scalars (float64, (3,)) the pooled "
+        "median pi, 1/2 sum (theta_new - s)^2 and 1/2 sum a^2");
 
   m.def("fixed_step", &fixed_step, py::arg("theta"), py::arg("delta"), py::arg("scale"),
         py::arg("threads") = 1,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -296,6 +297,65 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
     for (std::size_t k = 0; k < n_tensors * kCounts; ++k) counts[k] += cn[k];
   }
   return true;
+}
+
+void gem_summary(const std::int64_t* hist, const double* sums, const std::int64_t* counts,
+                 const std::int64_t* sizes, std::size_t n_tensors, double pi_max,
+                 float* per_tensor, double* scalars) {
+  const double bin_width = pi_max / kHistBins;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> row(kHistRow, 0.0);  // the pooled histogram, each count weighed
+  for (std::size_t t = 0; t < n_tensors; ++t) {
+    const std::int64_t* h = hist + t * kHistRow;
+    std::int64_t total = 0;
+    for (int j = 0; j < kHistRow; ++j) total += h[j];
+    // the lower median: the bin b holding the rank-th pi, interpolated inside it
+    double median = nan;
+    if (total > 0) {
+      const std::int64_t rank = (total + 1) / 2;
+      std::int64_t below = 0;
+      int b = 0;
+      while (below + h[b] < rank) below += h[b++];
+      const double inside = static_cast<double>(std::max<std::int64_t>(h[b], 1));
+      const double est = (static_cast<double>(b - 1) +
+                          (static_cast<double>(rank - below) - 0.5) / inside) * bin_width;
+      median = b == 0 ? 0.0 : (b == kHistBins + 1 ? pi_max : est);
+    }
+    const double size = static_cast<double>(std::max<std::int64_t>(sizes[t], 1));
+    const std::int64_t* c = counts + t * kCounts;
+    per_tensor[t] = static_cast<float>(median);
+    per_tensor[n_tensors + t] = static_cast<float>(static_cast<double>(c[0] + c[1]) / size);
+    per_tensor[2 * n_tensors + t] = static_cast<float>(static_cast<double>(c[0]) / size);
+    per_tensor[3 * n_tensors + t] = static_cast<float>(static_cast<double>(c[2]) / size);
+    const double weight =
+        total > 0 ? static_cast<double>(sizes[t]) / static_cast<double>(total) : 0.0;
+    for (int j = 0; j < kHistRow; ++j) row[j] += weight * static_cast<double>(h[j]);
+  }
+  std::vector<double> cum(kHistRow);
+  double run = 0.0;
+  for (int j = 0; j < kHistRow; ++j) cum[j] = run = run + row[j];
+  double pooled = nan;
+  if (run > 0.0) {
+    const double half = 0.5 * run;
+    int b = 0;
+    while (b < kHistRow && cum[b] < half) ++b;
+    if (b == 0) {
+      pooled = 0.0;
+    } else if (b >= kHistBins + 1) {
+      pooled = pi_max;
+    } else {
+      const double frac = (half - cum[b - 1]) / row[b];
+      pooled = (static_cast<double>(b - 1) + frac) * bin_width;
+    }
+  }
+  double central = 0.0, proxy = 0.0;
+  for (std::size_t t = 0; t < n_tensors; ++t) {
+    central += sums[2 * t];
+    proxy += sums[2 * t + 1];
+  }
+  scalars[0] = pooled;
+  scalars[1] = 0.5 * central;
+  scalars[2] = 0.5 * proxy;
 }
 
 bool fixed_step(float* theta, const float* delta, std::size_t n, float scale, int threads) {

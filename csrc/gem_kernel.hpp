@@ -64,6 +64,18 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
               float pi_max, std::int64_t* hist, double* sums, std::int64_t* counts,
               int threads, const GlobalProxy* proxy = nullptr);
 
+// What the metrics record of one GEM step, read off its hist, sums and counts (T tensors of
+// sizes[t] elements), in the numpy reference's double operations and order
+// (gem_mpi/algorithm/kernel.py: hist_median, pooled_median, Kernel.gem_step), so the values
+// are its bits. per_tensor (float32, 4 rows of T): the lower median of pi (NaN for a tensor
+// with nothing counted), the clamped share (pi <= 0 or >= pi_max), the share clamped low,
+// the share with delta == 0. scalars: the median of pi over all parameters (each tensor's
+// counts weighed by size / sampled; NaN when nothing was counted), 1/2 sum of
+// (theta_new - s)^2 and 1/2 sum of a^2 (summed over tensors in order).
+void gem_summary(const std::int64_t* hist, const double* sums, const std::int64_t* counts,
+                 const std::int64_t* sizes, std::size_t n_tensors, double pi_max,
+                 float* per_tensor, double* scalars);
+
 // theta[i] += scale * delta[i] (DOWNPOUR: scale 1; adaptive staleness: 1 / (tau + 1)),
 // unless delta holds a non-finite value: then nothing is written and false is returned.
 bool fixed_step(float* theta, const float* delta, std::size_t n, float scale, int threads);

@@ -225,6 +225,60 @@ def test_numpy_kernel_gives_the_same_stats():
     assert s1.pi_median_all == s2.pi_median_all
 
 
+def _random_stats(rng: np.random.Generator, tensors: int):
+    """Statistics as a step leaves them: rows empty, clamped, spread or in one bin."""
+    hist = np.zeros((tensors, gem.HIST_BINS + 2), np.int64)
+    for t in range(tensors):
+        kind = int(rng.integers(0, 5))
+        if kind == 1:
+            hist[t, rng.choice([0, gem.HIST_BINS + 1])] = rng.integers(1, 9000)
+        elif kind == 2:
+            hist[t, rng.integers(1, gem.HIST_BINS + 1)] = rng.integers(1, 9000)
+        elif kind >= 3:
+            k = int(rng.integers(1, 60))
+            np.add.at(hist[t], rng.integers(0, gem.HIST_BINS + 2, size=k),
+                      rng.integers(1, 5000, size=k))
+    sampled = hist.sum(axis=1)
+    sizes = sampled * rng.integers(1, 40, size=tensors)  # sampled: up to every 40th element
+    sizes[sampled == 0] = rng.integers(0, 3, size=int((sampled == 0).sum()))
+    counts = np.stack([hist[:, 0], hist[:, -1], rng.integers(0, 50, size=tensors)], axis=1)
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    sums = rng.random((tensors, 2)) * 10.0 ** rng.integers(-12, 3, size=(tensors, 2))
+    return hist, sums, counts, np.ascontiguousarray(sizes, dtype=np.int64)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_summary_in_cpp_has_the_numpy_readings_bits(core, seed):
+    """What the metrics record of a step (medians, shares, the pooled median, energies),
+    read off its statistics in C++ (Kernel.gem_step with the extension) and by the numpy
+    reference: the same bits, on 200 sets of tensors with empty, clamped and spread rows."""
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        tensors = int(rng.integers(1, 70))
+        hist, sums, counts, sizes = _random_stats(rng, tensors)
+        pi_max = float(rng.choice([0.5, 1.0, 5.0, 7.3]))
+        want = gem.summary_numpy(hist, sums, counts, sizes, pi_max)
+        per_tensor, scalars = np.empty((4, tensors), np.float32), np.empty(3)
+        core.gem_summary(hist, sums, counts, sizes, pi_max, per_tensor, scalars)
+        for row, name in zip(per_tensor, ("pi_median", "clamp_frac", "clamp_low_frac",
+                                          "zero_delta_frac"), strict=True):
+            assert np.array_equal(row.view(np.uint32), getattr(want, name).view(np.uint32))
+        got = np.array([want.pi_median_all, want.energy_central, want.energy_proxy])
+        assert np.array_equal(scalars.view(np.uint64), got.view(np.uint64))
+
+
+def test_summary_refuses_arrays_of_the_wrong_shape(core):
+    hist, sums, counts, sizes = _random_stats(np.random.default_rng(0), 3)
+    per_tensor, scalars = np.empty((4, 3), np.float32), np.empty(3)
+    with pytest.raises(ValueError, match="per_tensor"):
+        core.gem_summary(hist, sums, counts, sizes, 1.0, np.empty((4, 2), np.float32),
+                         scalars)
+    with pytest.raises(ValueError, match="dtype"):
+        core.gem_summary(hist.astype(np.int32), sums, counts, sizes, 1.0, per_tensor, scalars)
+    with pytest.raises(ValueError, match="pi_max"):
+        core.gem_summary(hist, sums, counts, sizes, 0.0, per_tensor, scalars)
+
+
 @pytest.mark.parametrize(
     "bad",
     [

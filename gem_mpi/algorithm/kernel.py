@@ -165,12 +165,14 @@ def pooled_median(hist: np.ndarray, sizes: np.ndarray, pi_max: float) -> float:
     """
     sampled = hist.sum(axis=1)
     weights = np.divide(sizes, sampled, out=np.zeros(len(sizes)), where=sampled > 0)
-    row = weights @ hist.astype(np.float64)
-    total = float(row.sum())
+    row = np.zeros(hist.shape[1])
+    for t in range(hist.shape[0]):  # tensor by tensor, the order _core.gem_summary adds in
+        row += weights[t] * hist[t]
+    cum = np.cumsum(row)
+    total = float(cum[-1])
     if total <= 0:
         return float("nan")
     half = 0.5 * total
-    cum = np.cumsum(row)
     b = int(np.searchsorted(cum, half))
     if b == 0:
         return 0.0
@@ -191,6 +193,23 @@ class GemStats:
     pi_median_all: float  # over all parameters: pooled_median
     energy_central: float  # ½‖θ_new − s‖²: the central variable's kinetic energy seen by w
     energy_proxy: float  # ½‖κ m‖²: the (amplified) proxy energy GEM matches
+
+
+def summary_numpy(hist: np.ndarray, sums: np.ndarray, counts: np.ndarray, sizes: np.ndarray,
+                  pi_max: float) -> GemStats:
+    """The reference reading of one step's statistics (``_core.gem_summary`` gives its bits;
+    the energies are summed tensor by tensor, in order, as it does)."""
+    clamped = counts[:, :2].sum(axis=1)
+    size = np.maximum(sizes, 1)
+    return GemStats(
+        pi_median=hist_median(hist, pi_max),
+        clamp_frac=(clamped / size).astype(np.float32),
+        clamp_low_frac=(counts[:, 0] / size).astype(np.float32),
+        zero_delta_frac=(counts[:, 2] / size).astype(np.float32),
+        pi_median_all=pooled_median(hist, sizes, pi_max),
+        energy_central=0.5 * sum(sums[:, 0].tolist()),
+        energy_proxy=0.5 * sum(sums[:, 1].tolist()),
+    )
 
 
 def node_cores_left(local_ranks: int, local_masters: int = 1) -> int:
@@ -287,17 +306,13 @@ class Kernel:
                                 self._sums, self._counts, keep, proxy)
         if not ok:
             return None
-        clamped = self._counts[:, :2].sum(axis=1)
-        size = np.maximum(self.sizes, 1)
-        return GemStats(
-            pi_median=hist_median(self._hist, pi_max),
-            clamp_frac=(clamped / size).astype(np.float32),
-            clamp_low_frac=(self._counts[:, 0] / size).astype(np.float32),
-            zero_delta_frac=(self._counts[:, 2] / size).astype(np.float32),
-            pi_median_all=pooled_median(self._hist, self.sizes, pi_max),
-            energy_central=0.5 * float(self._sums[:, 0].sum()),
-            energy_proxy=0.5 * float(self._sums[:, 1].sum()),
-        )
+        if self.extension is None:
+            return summary_numpy(self._hist, self._sums, self._counts, self.sizes, pi_max)
+        per_tensor = np.empty((4, len(self.sizes)), np.float32)  # the same values, without
+        scalars = np.empty(3)  # numpy's per-call costs (a dozen small arrays per update)
+        self.extension.gem_summary(self._hist, self._sums, self._counts, self.sizes,
+                                   float(pi_max), per_tensor, scalars)
+        return GemStats(*per_tensor, *scalars.tolist())
 
     def zero(self, x: np.ndarray) -> None:
         """x[:] = 0 (1-D float32, fresh memory the kernel will stream as one of its θ-long
