@@ -1,4 +1,5 @@
-"""The watches of rank 0, in-process: the watchdog's silence, the loss watch's divergence."""
+"""The watches of rank 0, in-process: the watchdog's silence, the loss watch's divergence,
+the progress line's pace."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 
 import numpy as np
 
+from gem_mpi.run import monitor
 from gem_mpi.run.monitor import DivergenceWatch, LossWatch, Watchdog
 
 
@@ -104,3 +106,44 @@ def test_loss_watch_smooths_and_keeps_the_first_reason():
     assert first is not None and "over 2 times" in first
     watch.observe(math.nan, 200, np.ones(2))
     assert watch.diverged == first
+
+
+class _Bar:
+    def __init__(self) -> None:
+        self.n, self.text, self.refreshes = 0, "", 0
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        self.text = text
+
+    def refresh(self) -> None:
+        self.refreshes += 1
+
+
+def test_a_line_is_due_every_log_every_seconds(monkeypatch, capsys):
+    clock = FakeClock()
+    monkeypatch.setattr(monitor.time, "monotonic", clock)
+    line = monitor.ProgressLine(log_every=10.0)
+    assert not line.due()
+    clock.now += 9.9
+    assert not line.due()
+    clock.now += 0.1
+    assert line.due()
+    line.update(42, 7.0, "loss 0.5")
+    assert not line.due()  # the clock restarts at the line
+    assert "42 updates, 7.0 upd/s, loss 0.5" in capsys.readouterr().err
+
+
+def test_a_bar_refreshes_twice_a_second_however_often_it_is_asked(monkeypatch):
+    """The bar once reset its timer on every call, so rank 0 (which asks thousands of times a
+    second) never refreshed it."""
+    clock = FakeClock()
+    monkeypatch.setattr(monitor.time, "monotonic", clock)
+    line = monitor.ProgressLine(log_every=60.0)
+    line._bar = bar = _Bar()
+    shown = 0
+    for step in range(2048):  # 2 s of asking every 1/1024 s (exact in binary)
+        clock.now += 2.0 ** -10
+        if line.due():
+            line.update(step, 1000.0, f"step {step}")
+            shown += 1
+    assert shown == 4 and bar.refreshes == 4 and bar.n == 2047 and bar.text == "step 2047"
