@@ -75,7 +75,7 @@ class Master:
     DRAIN_S = 2e-3  # sharded: rank 0 reads the other masters' messages at most this often
     # an idle master's checks between batches (stop, watchdog, checkpoint, evaluations,
     # progress line) at most this often: each wake-up after a sleep runs on cold caches, and
-    # the checks on every one took a quarter of rank 0's CPU (4 workers on 2 cores)
+    # the checks on every one took an eighth of rank 0's CPU (4 workers on 2 cores)
     CHECK_S = 1e-3
 
     def __init__(self, cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
