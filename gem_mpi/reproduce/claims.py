@@ -401,7 +401,8 @@ def _global_proxy(res: Results) -> Verdict | None:
         return Verdict(ours, "too few runs yet", "needs E1's and E6's gem-others runs at the "
                        "same n")
     if over:
-        return Verdict(ours, "partly", f"{rule} (over it at {'; '.join(over)})")
+        return Verdict(ours, "partly", f"no divergence, but over {E9_LOSS_RATIO:g}× the local "
+                       f"proxy's loss at {'; '.join(over)} ({rule})")
     return Verdict(ours, "yes", rule)
 
 
