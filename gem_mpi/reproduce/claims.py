@@ -19,7 +19,16 @@ from gem_mpi.config import OptimConfig
 from gem_mpi.reproduce import experiments as ex
 from gem_mpi.reproduce import runner
 from gem_mpi.reproduce.report import E5_LABELS, e4_speedups, e5_rises, md_table
-from gem_mpi.reproduce.results import Numbers, Results, Stat, diverged_count, group, stat
+from gem_mpi.reproduce.results import (
+    Difference,
+    Numbers,
+    Results,
+    Stat,
+    difference,
+    diverged_count,
+    group,
+    stat,
+)
 
 
 @dataclass(frozen=True)
@@ -183,6 +192,17 @@ def _pi_falls(res: Results) -> Verdict | None:
                    "exceed the proxy's energy)")
 
 
+# E4's accuracy tolerance, ours: the paper reports no accuracy for its figure 4
+E4_ACC_POINTS = 1.0
+
+
+def loses_accuracy(d: Difference) -> bool:
+    """A drop of more than E4_ACC_POINTS that the seeds' scatter does not explain: beyond
+    two standard errors of the difference (with one seed a side, the drop alone decides)."""
+    drop = -100 * d.mean
+    return drop > E4_ACC_POINTS and not (math.isfinite(d.se) and drop <= 200 * d.se)
+
+
 def _speedup(res: Results) -> Verdict | None:
     runs = list(res.exps["E4"].runs)
     if not res.done(runs):
@@ -194,24 +214,25 @@ def _speedup(res: Results) -> Verdict | None:
     base = sp[ns[0]]
     wall = {n: _ratio(base["seconds"].mean, sp[n]["seconds"].mean) for n in ns}
     core = {n: _ratio(base["worker_samples"].mean, sp[n]["worker_samples"].mean) for n in ns}
-    acc = {n: stat(res, [r for r in runs if r.n == n], "test_accuracy").mean for n in ns}
-    worst = max(ns, key=lambda n: acc[ns[0]] - acc[n])
-    drop = (acc[ns[0]] - acc[worst]) * 100
-    best_wall = max((w for w in wall.values() if math.isfinite(w)), default=math.nan)
+    acc = {n: stat(res, [r for r in runs if r.n == n], "test_accuracy") for n in ns}
+    diff = {n: difference(acc[n], acc[ns[0]]) for n in ns[1:]}
+    lost = [n for n in ns[1:] if loses_accuracy(diff[n])]
     ours = ("speedup to the target loss, wall-clock (this machine): "
             + ", ".join(f"n = {n}: {wall[n]:.2f}" for n in ns)
             + "; with a core per worker (samples per worker): "
             + ", ".join(f"{core[n]:.2f}" for n in ns)
-            + f"; test accuracy at most {drop:.2f} points below n = {ns[0]}"
-            + (f" (at n = {worst})" if worst != ns[0] else "")
+            + f"; test accuracy − n = {ns[0]}'s, points ± se: "
+            + ", ".join(f"n = {n}: {diff[n].text('.2f', 100)}" for n in ns[1:])
+            + (f"; accuracy lost at n = {', '.join(map(str, lost))}" if lost else "")
             + _done_note(res, runs))
-    rule = (f"yes: wall-clock speedup ≥ 1.5 at some n and accuracy within 1 point; partly: "
-            f"accuracy holds and the speedup with a core per worker is ≥ 1.5 (this machine "
-            f"has {runner.cores()} cores)")
-    holds = drop <= 1.0
-    if holds and best_wall >= 1.5:
+    rule = (f"yes: at some n a wall-clock speedup ≥ 1.5 with no accuracy lost at that n; "
+            f"partly: the same with the speedup with a core per worker (this machine has "
+            f"{runner.cores()} cores); accuracy lost: more than {E4_ACC_POINTS:g} point below "
+            f"n = {ns[0]}'s and beyond two standard errors of the difference (the tolerance is "
+            "ours: the paper reports no accuracy for figure 4)")
+    if any(wall[n] >= 1.5 and n not in lost for n in ns[1:]):
         return Verdict(ours, "yes", rule)
-    if holds and max((c for c in core.values() if math.isfinite(c)), default=0) >= 1.5:
+    if any(core[n] >= 1.5 and n not in lost for n in ns[1:]):
         return Verdict(ours, "partly", rule)
     return Verdict(ours, "no", rule)
 

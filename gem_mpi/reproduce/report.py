@@ -22,6 +22,7 @@ from gem_mpi.reproduce import runner
 from gem_mpi.reproduce.results import (
     Results,
     Stat,
+    difference,
     diverged_count,
     file_digest,
     group,
@@ -359,6 +360,7 @@ def _e4(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     rows = []
     done_ns = sorted({r.n for r in res.done(runs)})
     base = sp.get(done_ns[0]) if done_ns else None
+    acc = {n: stat(res, rs, "test_accuracy") for n, rs in groups.items()}
     xs, wall_sp, core_sp = [], [], []
     for n, rs in groups.items():
         s = sp[n]
@@ -370,7 +372,9 @@ def _e4(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
         rows.append([str(n), str(rs[0].batch), f"{len(res.done(rs))}/{len(rs)}",
                      stat(res, rs, "wall_s").text(".1f"), s["seconds"].text(".1f"),
                      _num(w, ".2f"), s["updates"].text(".0f"), _num(k, ".2f"),
-                     stat(res, rs, "test_accuracy").text(".2f", 100, " %")])
+                     acc[n].text(".2f", 100, " %"),
+                     difference(acc[n], acc[done_ns[0]]).text(".2f", 100)
+                     if n != done_ns[0] else "–"])
     c.plot(xs, wall_sp, marker="o", label="wall-clock, this machine")
     c.plot(xs, core_sp, marker="s", label="one core per worker (samples per worker)")
     c.plot(xs, xs, ls=":", color="grey", label="ideal (n)")
@@ -386,10 +390,13 @@ def _e4(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
               "workers share them, so the wall-clock speedup cannot exceed about "
               f"{runner.cores()}; the last speedup column divides the samples each worker "
               "needed to reach the target, which is the wall-clock speedup if every worker "
-              "had a core of its own and time grew with the samples computed."), ""]
+              "had a core of its own and time grew with the samples computed. The "
+              "accuracy differences carry their standard error over seeds (Welch's), so a "
+              "gap can be read against the seeds' scatter."), ""]
     return lines + md_table(["n", "b", "runs done", "master wall s", "seconds to target",
                            "wall-clock speedup", "updates to target",
-                           "speedup, a core per worker", "test accuracy"], rows)
+                           "speedup, a core per worker", "test accuracy",
+                           f"accuracy − n = {done_ns[0]}'s, points (± se)"], rows)
 
 
 @dataclass(frozen=True)

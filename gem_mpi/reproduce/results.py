@@ -127,6 +127,30 @@ class Stat:
         return f"{m} ± {format(self.sd * scale, fmt)}{unit}"
 
 
+@dataclass(frozen=True)
+class Difference:
+    """A difference of two means over seeds with its standard error, so that a gap is read
+    against the seeds' scatter and not as a bare number."""
+
+    mean: float
+    se: float  # NaN when either side has fewer than two seeds
+
+    def text(self, fmt: str = ".2f", scale: float = 1.0) -> str:
+        if not math.isfinite(self.mean):
+            return "–"
+        m = format(self.mean * scale, "+" + fmt)
+        if not math.isfinite(self.se):
+            return f"{m} (no se: 1 seed)"
+        return f"{m} ± {format(self.se * scale, fmt)}"
+
+
+def difference(a: Stat, b: Stat) -> Difference:
+    """a − b, with Welch's standard error √(sd_a²/k_a + sd_b²/k_b)."""
+    se = math.sqrt(a.sd ** 2 / a.finite.size + b.sd ** 2 / b.finite.size) \
+        if a.finite.size > 1 and b.finite.size > 1 else math.nan
+    return Difference(a.mean - b.mean, se)
+
+
 def stat(res: Results, runs: list[ex.Run], field: str, finished_only: bool = True) -> Stat:
     """``field`` of Numbers over the done runs (without diverged ones unless asked)."""
     vals = []
