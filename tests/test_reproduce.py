@@ -123,6 +123,16 @@ def test_code_changed_since_tells_runs_of_older_code_apart():
     assert "is the same at each of them as at" in _same_code({head})
     assert f"has changed since {root}" in _same_code({head, root})
     assert "cannot be checked" in _same_code({f"{head} (uncommitted changes)"})
+    # a comment changed (b76e54a: engine/master.py's CHECK_S comment) is the same code; a
+    # change of the pull's back-off (3bae3ad: transport/idioms.py) is not
+    comment_only = ("4171816f93935f6c077b75264e3f51ec10b8e525",
+                    "b76e54afb6d2595e22e8c55f8087201b06bae167")
+    assert runner.code_changed_since([comment_only[0]], comment_only[1]) == (
+        comment_only[1][:12], [])
+    pull = ("f604dc8e8c512712d71269c9c629cd1d8df6de25", "3bae3ada2528d8a371afbea410564cbb54f33c24")
+    assert runner.code_changed_since([pull[0]], pull[1]) == (pull[1][:12], [pull[0]])
+    assert runner._python_code('"""doc"""\nx = 1  # one\n') == runner._python_code("x = 1\n")
+    assert runner._python_code("x = 1\n") != runner._python_code("x = 2\n")
 
 
 def test_second_invocation_skips_finished_runs(quick):

@@ -706,9 +706,13 @@ def _same_code(commits: set[str]) -> str:
     if dirty:
         return (f" Runs at {', '.join(dirty)} were made with uncommitted changes: whether "
                 f"they describe {head}'s code cannot be checked.")
+    same = sorted(c.split()[0] for c in commits if c.split()[0] not in changed)
     if changed:
-        return (f" The code a run executes ({paths}) has changed since {', '.join(changed)}: "
-                f"those runs do not describe {head}'s code.")
+        return (f" The code a run executes ({paths}; comments and docstrings aside) has changed "
+                f"since {', '.join(changed)}: the runs made there ran earlier code than "
+                f"{head}'s, the commit these pages were made from (`git diff <commit> {head} "
+                f"-- {shlex.join(runner.RUN_CODE)}` shows how)"
+                + (f"; at {', '.join(same)} it is the same as at {head}." if same else "."))
     return (f" The code a run executes ({paths}; the harness, benchmarks and analysis "
-            f"excluded) is the same at each of them as at {head}, the commit these pages "
-            "were made from.")
+            f"excluded, comments and docstrings aside) is the same at each of them as at "
+            f"{head}, the commit these pages were made from.")

@@ -16,6 +16,7 @@ the harness only, not every rank at once (which would kill them without a checkp
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import datetime
 import fcntl
@@ -218,23 +219,60 @@ RUN_CODE = ("gem_mpi", "csrc", "CMakeLists.txt", "setup.py", ":(exclude)gem_mpi/
             ":(exclude)gem_mpi/bench", ":(exclude)gem_mpi/outputs/analysis.py")
 
 
-def code_changed_since(commits: list[str]) -> tuple[str, list[str]] | None:
-    """HEAD and the commits whose run code differs from it; None when git cannot tell.
+def _python_code(source: str) -> str:
+    """A module's code without its comments and docstrings (its syntax tree), so that a run
+    is not said to have run other code because a comment changed since."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def _run_code_differs(commit: str, head: str) -> bool | None:
+    """Whether the code a run executes differs between two commits, up to comments and
+    docstrings in Python; None when git cannot tell."""
+    names = _git("diff", "--name-only", commit, head, "--", *RUN_CODE)
+    if names is None or names.returncode != 0:
+        return None
+    for path in names.stdout.split():
+        if not path.endswith(".py"):
+            return True
+        old, new = _git("show", f"{commit}:{path}"), _git("show", f"{head}:{path}")
+        if old is None or new is None:
+            return None
+        if old.returncode or new.returncode:  # added or removed
+            return True
+        if _python_code(old.stdout) != _python_code(new.stdout):
+            return True
+    return False
+
+
+def code_changed_since(commits: list[str], head: str = "HEAD"
+                       ) -> tuple[str, list[str]] | None:
+    """``head`` and the commits whose run code differs from it; None when git cannot tell.
 
     Runs made over several sessions carry several commits: this says whether they
     still describe the code users get.
     """
-    head = _git("rev-parse", "--short=12", "HEAD")
-    if head is None or head.returncode != 0:
+    rev = _git("rev-parse", "--short=12", head)
+    if rev is None or rev.returncode != 0:
         return None
     changed = []
     for commit in commits:
-        diff = _git("diff", "--quiet", commit, "HEAD", "--", *RUN_CODE)
-        if diff is None or diff.returncode not in (0, 1):
+        differs = _run_code_differs(commit, head)
+        if differs is None:
             return None
-        if diff.returncode == 1:
+        if differs:
             changed.append(commit)
-    return head.stdout.strip(), changed
+    return rev.stdout.strip(), changed
 
 
 def machine() -> str:
