@@ -164,6 +164,46 @@ def test_plan_lists_every_run_with_command_and_estimate(quick):
     assert "--metrics results/fashion-mnist/e1-" in fashion.stdout
 
 
+def test_rerun_older_code_sets_aside_and_remakes_only_runs_of_other_code(quick, tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(quick, results)
+    head = runner.git_state()["commit"]
+    root = subprocess.run(["git", "-C", str(REPO), "rev-list", "--max-parents=0", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.split()[0]
+    e4 = [r.name for r in ex.select(ex.experiments(ex.quick_budget(), str(results)), ["E4"])]
+    old = e4[0]
+    for name in e4:  # HEAD's code, clean, except one run made at the first commit
+        path = results / f"{name}.json"
+        rec = json.loads(path.read_text())
+        rec.update(git_commit=root if name == old else head, git_dirty=False)
+        path.write_text(json.dumps(rec))
+    before = {n: (results / f"{n}.h5").stat().st_mtime for n in e4}
+    plan = reproduce("--quick", "--plan", "E4", "--rerun-older-code", "--results", str(results))
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.count("with older code") == 1 and f"{old}: " in plan.stdout
+    assert f"{len(e4)} runs, {len(e4) - 1} done, 1 to run" in plan.stdout
+    assert (results / f"{old}.h5").is_file()  # --plan moves nothing
+    res = reproduce("--quick", "E4", "--rerun-older-code", "--results", str(results))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    kept = results / runner.OLDER_CODE / root[:12]
+    assert f"1 done run(s) ran older code than HEAD's: their files moved to {kept}" in \
+        res.stdout
+    assert json.loads((kept / f"{old}.json").read_text())["git_commit"] == root
+    assert (kept / f"{old}.h5").is_file() and (kept / f"{old}.log").is_file()
+    assert json.loads((results / f"{old}.json").read_text())["git_commit"] == head
+    after = {n: (results / f"{n}.h5").stat().st_mtime for n in e4}
+    assert after[old] != before[old]
+    assert {n: t for n, t in after.items() if n != old} == \
+        {n: t for n, t in before.items() if n != old}
+    # the same run set aside again from the same commit never overwrites the first copy
+    rec = json.loads((results / f"{old}.json").read_text())
+    (results / f"{old}.json").write_text(json.dumps({**rec, "git_commit": root}))
+    run = next(r for r in ex.experiments(ex.quick_budget(), str(results))["E4"].runs
+               if r.name == old)
+    second = runner.set_aside(results, run, root)
+    assert second == kept.with_name(f"{root[:12]}.1") and (kept / f"{old}.h5").is_file()
+
+
 def test_seeds_selects_one_seed_and_refuses_an_unknown_one(tmp_path):
     res = reproduce("--plan", "E1", "E6", "--seeds", "0", "--results", str(tmp_path))
     assert res.returncode == 0, res.stderr

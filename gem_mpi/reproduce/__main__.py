@@ -4,12 +4,16 @@
     python -m gem_mpi.reproduce all               # run E1–E9 one job at a time (resumable)
     python -m gem_mpi.reproduce E1 E3             # only these (E3 shows E1's runs)
     python -m gem_mpi.reproduce all --seeds 0     # one seed of everything first, the rest later
+    python -m gem_mpi.reproduce all --rerun-older-code   # remake runs of code older than HEAD's
     python -m gem_mpi.reproduce --report          # docs/results/ from results/mnist/*.h5
     python -m gem_mpi.reproduce --dataset fashion-mnist --report   # the Fashion-MNIST set
     python -m gem_mpi.reproduce --quick all --report --out /tmp/r   # the harness's own test
 
 Run it again after an interruption (Ctrl-C, SIGTERM, a reboot) and it skips finished runs
-and resumes the interrupted one from its checkpoint. Exit status: 0 when every run named is
+and resumes the interrupted one from its checkpoint. With --rerun-older-code, a done run whose
+record says it ran other code than HEAD's (comments and docstrings aside; the harness,
+benchmarks and analysis excluded) or uncommitted changes has its files moved into
+<results>/older-code/<commit>/ and is run again. Exit status: 0 when every run named is
 done, 1 when some failed (their .log files say why), 3 when stopped by a signal, 2 on a
 usage error.
 """
@@ -38,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ns", type=int, nargs="+", metavar="N", help="only the runs with these "
                    "numbers of workers (e.g. E1 at n = 5 and 10 with a core per worker: "
                    "tools/cores_check.sh)")
+    p.add_argument("--rerun-older-code", action="store_true", help="run again the done "
+                   "runs made with other code than HEAD's (their files are kept in "
+                   "<results>/older-code/<commit>/), so that every figure describes the "
+                   "committed code")
     p.add_argument("--report", action="store_true", help="write the pages from the results "
                    "(after running the experiments named, if any)")
     p.add_argument("--quick", action="store_true", help="tiny budgets (a few dozen steps per "
@@ -90,9 +98,22 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"no run of {', '.join(names) or 'these experiments'} has n = "
                          f"{', '.join(map(str, unknown_ns))}")
         runs = [r for r in runs if r.n in args.ns]
+    older: dict[str, str] = {}
+    if args.rerun_older_code:
+        found = runner.older_code(runs, results)
+        if found is None:
+            parser.error("--rerun-older-code: git cannot tell which code the runs ran (is "
+                         f"{runner.REPO} a git checkout that holds their commits?)")
+        older = found
     if args.plan:
-        print(runner.plan_text(runs, results, budget.log_every))
+        print(runner.plan_text(runs, results, budget.log_every, older))
         return 0
+    if older:
+        by_run = {r.name: r for r in runs}
+        places = sorted({str(runner.set_aside(results, by_run[name], commit))
+                         for name, commit in older.items()})
+        print(f"reproduce: {len(older)} done run(s) ran older code than HEAD's: their files "
+              f"moved to {', '.join(places)}, to be run again", flush=True)
     rc = 0
     if runs:
         rc = runner.Harness(results, budget, args.lock, heartbeat_s=args.heartbeat).run(runs)

@@ -186,10 +186,10 @@ def _pi_falls(res: Results) -> Verdict | None:
     return Verdict("median π over the run: " + "; ".join(texts) + "; share of π clamped to 0 "
                    "or π_max over those n: " + "; ".join(cuts), verdict,
                    "yes: it falls at every step of n in each reading; partly: lower at the "
-                   "largest n than at the smallest in some reading (a median of 0 means that "
-                   "tensors holding half of the parameters or more had half of their π or "
-                   "more clamped to 0: there the updates applied since the pull already "
-                   "exceed the proxy's energy)")
+                   "largest n than at the smallest in some reading (the median is pooled over "
+                   "all parameters: a median of 0 means that half of them or more had π "
+                   "clamped to 0, where the updates applied since the pull already exceed "
+                   "the proxy's energy)")
 
 
 # E4's accuracy tolerance, ours: the paper reports no accuracy for its figure 4
@@ -563,6 +563,17 @@ def deviations(res: Results, budget: ex.Budget) -> list[list[str]]:
     return rows
 
 
+def _older_text(res: Results, done: list[ex.Run]) -> str:
+    """How many done runs ran other code than HEAD's (each page says which commits)."""
+    older = runner.older_code(done, res.dir)
+    if older is None or not done:
+        return ""
+    if not older:
+        return ", every one of them with the code of the commit these pages were made from"
+    return (f", {len(done) - len(older)} of them with the code of the commit these pages were "
+            f"made from; {len(older)} ran older code (`--rerun-older-code` remakes them)")
+
+
 def readme(res: Results, budget: ex.Budget) -> str:
     flag = "" if budget.dataset == ex.DATASETS[0] else f" --dataset {budget.dataset}"
     every = [r for e in res.exps.values() for r in e.runs]
@@ -577,6 +588,8 @@ def readme(res: Results, budget: ex.Budget) -> str:
         f"python -m gem_mpi.reproduce{flag} --plan      # every run, its command and an estimate",
         f"python -m gem_mpi.reproduce{flag} all         # run (resumable: run it again to continue)",
         f"python -m gem_mpi.reproduce{flag} all --seeds 0   # or one seed of everything first",
+        (f"python -m gem_mpi.reproduce{flag} all --rerun-older-code   # remake the runs of "
+         "code older than HEAD's"),
         (f"python -m gem_mpi.reproduce{flag} --report    # these pages, from "
         f"results/{budget.dataset}/*.h5"),
         "```", "",
@@ -584,7 +597,8 @@ def readme(res: Results, budget: ex.Budget) -> str:
          "is in [fashion-mnist/](fashion-mnist/README.md))" if budget.dataset == "mnist" else
          "") + "."), "",
         f"**{len(done)} of {len(every)} runs done**"
-        + (f" (budget: {budget.name})" if budget.name != "full" else "") + ". Verdicts are "
+        + (f" (budget: {budget.name})" if budget.name != "full" else "")
+        + _older_text(res, done) + ". Verdicts are "
         "computed from the runs by the rule in each row; \"not run yet\" means no run of "
         "that experiment is done, and no number is given.", "",
         "## Claims", ""]

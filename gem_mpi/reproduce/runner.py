@@ -275,6 +275,47 @@ def code_changed_since(commits: list[str], head: str = "HEAD"
     return rev.stdout.strip(), changed
 
 
+#: Where --rerun-older-code keeps the files of the runs it reruns, one folder per commit.
+OLDER_CODE = "older-code"
+
+
+def older_code(runs: list[ex.Run], results: Path) -> dict[str, str] | None:
+    """The done runs (name: commit) whose record says they ran other code than HEAD's, or
+    uncommitted changes; None when git cannot tell.
+
+    Results gathered over many sessions mix commits: these are the runs to make again so
+    that every figure describes the code users get.
+    """
+    done: dict[str, tuple[str, bool]] = {}
+    for run in runs:
+        record = load_record(Paths.of(results, run).record)
+        if record and record.get("status") in DONE:
+            done[run.name] = (str(record.get("git_commit", "unknown")),
+                              bool(record.get("git_dirty")))
+    commits = sorted({c for c, _ in done.values() if c != "unknown"})
+    verdict = code_changed_since(commits)
+    if verdict is None:
+        return None
+    changed = set(verdict[1])
+    return {name: commit for name, (commit, dirty) in done.items()
+            if dirty or commit == "unknown" or commit in changed}
+
+
+def set_aside(results: Path, run: ex.Run, commit: str) -> Path:
+    """Move a run's files into ``<results>/older-code/<commit>/`` so that it starts anew;
+    they are kept, never deleted or overwritten."""
+    p = Paths.of(results, run)
+    files = [f for f in (p.metrics, p.record, p.log, p.memory, p.checkpoints) if f.exists()]
+    base = results / OLDER_CODE / commit[:12]
+    dest, k = base, 1
+    while any((dest / f.name).exists() for f in files):
+        dest, k = base.with_name(f"{base.name}.{k}"), k + 1
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        f.rename(dest / f.name)
+    return dest
+
+
 def machine() -> str:
     """CPU, cores, memory, OS and MPI: what the wall times depend on."""
     cpu = platform.processor() or platform.machine()
@@ -337,13 +378,19 @@ class Estimates:
         return text
 
 
-def plan_text(runs: list[ex.Run], results: Path, log_every: float) -> str:
-    """Every run with its state, estimate and exact command, then the total."""
+def plan_text(runs: list[ex.Run], results: Path, log_every: float,
+              older: dict[str, str] | None = None) -> str:
+    """Every run with its state, estimate and exact command, then the total; ``older``
+    (from :func:`older_code`) marks the done runs that will be made again."""
     est = Estimates(runs, results)
+    older = older or {}
     lines, left, todo = [], 0.0, 0
     for i, run in enumerate(runs, 1):
         state = status(results, run)
         seconds = est.seconds(run)
+        if run.name in older:
+            state += (f" with older code ({older[run.name][:12]}): --rerun-older-code sets "
+                      "it aside and runs it again")
         if state not in DONE:
             left += seconds
             todo += 1
