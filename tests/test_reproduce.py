@@ -186,8 +186,9 @@ def test_rerun_older_code_sets_aside_and_remakes_only_runs_of_other_code(quick, 
     res = reproduce("--quick", "E4", "--rerun-older-code", "--results", str(results))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     kept = results / runner.OLDER_CODE / root[:12]
-    assert f"1 done run(s) ran older code than HEAD's: their files moved to {kept}" in \
-        res.stdout
+    assert "1 done run(s) ran older code than HEAD's" in res.stdout
+    assert f"{old} ran older code ({root[:12]}): its files moved to {kept}; running it " \
+        "again" in res.stdout
     assert json.loads((kept / f"{old}.json").read_text())["git_commit"] == root
     assert (kept / f"{old}.h5").is_file() and (kept / f"{old}.log").is_file()
     assert json.loads((results / f"{old}.json").read_text())["git_commit"] == head

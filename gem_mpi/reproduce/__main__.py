@@ -10,12 +10,12 @@
     python -m gem_mpi.reproduce --quick all --report --out /tmp/r   # the harness's own test
 
 Run it again after an interruption (Ctrl-C, SIGTERM, a reboot) and it skips finished runs
-and resumes the interrupted one from its checkpoint. With --rerun-older-code, a done run whose
-record says it ran other code than HEAD's (comments and docstrings aside; the harness,
-benchmarks and analysis excluded) or uncommitted changes has its files moved into
-<results>/older-code/<commit>/ and is run again. Exit status: 0 when every run named is
-done, 1 when some failed (their .log files say why), 3 when stopped by a signal, 2 on a
-usage error.
+and resumes the interrupted one from its checkpoint. With --rerun-older-code, a done run
+whose record says it ran other code than HEAD's (comments and docstrings aside; the
+harness, benchmarks and analysis excluded) or uncommitted changes has its files moved into
+<results>/older-code/<commit>/ when its job starts, and is run again. Exit status: 0 when
+every run named is done, 1 when some failed (their .log files say why), 3 when stopped by a
+signal, 2 on a usage error.
 """
 
 from __future__ import annotations
@@ -109,14 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         print(runner.plan_text(runs, results, budget.log_every, older))
         return 0
     if older:
-        by_run = {r.name: r for r in runs}
-        places = sorted({str(runner.set_aside(results, by_run[name], commit))
-                         for name, commit in older.items()})
-        print(f"reproduce: {len(older)} done run(s) ran older code than HEAD's: their files "
-              f"moved to {', '.join(places)}, to be run again", flush=True)
+        print(f"reproduce: {len(older)} done run(s) ran older code than HEAD's: each is set "
+              f"aside into {results / runner.OLDER_CODE}/<commit>/ when its job starts, and "
+              "run again", flush=True)
     rc = 0
     if runs:
-        rc = runner.Harness(results, budget, args.lock, heartbeat_s=args.heartbeat).run(runs)
+        rc = runner.Harness(results, budget, args.lock, heartbeat_s=args.heartbeat,
+                            older=older).run(runs)
     if args.report and rc != runner.EXIT_STOPPED:
         res = Results(results, exps, budget)
         pages = report.write_pages(res, budget, out)

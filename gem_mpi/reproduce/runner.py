@@ -433,8 +433,12 @@ class Harness:
     """Runs a list of runs in order, skipping what is done; one job at a time."""
 
     def __init__(self, results: Path, budget: ex.Budget, lock: Path | None = None,
-                 say: Callable[[str], None] | None = None, heartbeat_s: float = 60.0) -> None:
+                 say: Callable[[str], None] | None = None, heartbeat_s: float = 60.0,
+                 older: dict[str, str] | None = None) -> None:
         self.results, self.budget, self.lock = results, budget, lock
+        # done runs of older code to make again (:func:`older_code`): each is set aside
+        # only when its job starts, so that a stop leaves every other run where it was
+        self.older = dict(older or {})
         self.say = say or (lambda text: print(f"reproduce: {text}", flush=True))
         self.heartbeat_s = heartbeat_s
         self.proc: subprocess.Popen | None = None
@@ -471,7 +475,8 @@ class Harness:
 
     def _run_all(self, runs: list[ex.Run]) -> int:
         self.results.mkdir(parents=True, exist_ok=True)
-        states = {r.name: status(self.results, r) for r in runs}
+        states = {r.name: "older code" if r.name in self.older else status(self.results, r)
+                  for r in runs}
         failed: list[str] = []
         done_before = sum(s in DONE for s in states.values())
         if done_before:
@@ -507,15 +512,22 @@ class Harness:
         why = why_not_here(run)
         if why:
             self.say(f"{tag} {run.name}: not run: {why}")
-            self._save(p, run, record, None, "failed", note=why)
+            if run.name not in self.older:  # a done run's files stay as they are
+                self._save(p, run, record, None, "failed", note=why)
             return "failed"
         if run.model == "alexnet":
             self.say(f"{tag} generating the image folder for {run.name}")
             generate(ex.imagefolder_dir(str(self.results)), self.budget.e8_folder)
-        p.checkpoints.mkdir(parents=True, exist_ok=True)
         with self._locked(tag, run):
             if self.signals:
                 return "stopped"
+            if run.name in self.older:
+                commit = self.older.pop(run.name)
+                dest = set_aside(self.results, run, commit)
+                record = {}
+                self.say(f"{tag} {run.name} ran older code ({commit[:12]}): its files "
+                         f"moved to {dest}; running it again")
+            p.checkpoints.mkdir(parents=True, exist_ok=True)
             cmd = command(run, self.results, self.budget.log_every)
             eta = datetime.datetime.now() + datetime.timedelta(seconds=estimate + after)
             resumed = " (resuming)" if p.metrics.exists() else ""
