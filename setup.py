@@ -1,4 +1,4 @@
-"""Build gem_mpi and its C++ extension gem_mpi._core through CMake.
+"""Build gem_mpi and its C++ extension gem_mpi.algorithm._core through CMake.
 
     pip install .                          # isolated build: fetches setuptools, pybind11, cmake
     pip install --no-build-isolation .     # uses the current environment's build tools
@@ -26,10 +26,10 @@ PACKAGE = "gem_mpi"
 
 
 def read_version() -> str:
-    text = (ROOT / PACKAGE / "__init__.py").read_text(encoding="utf-8")
+    text = (ROOT / PACKAGE / "version.py").read_text(encoding="utf-8")
     match = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", text, re.MULTILINE)
     if not match:
-        raise RuntimeError(f"no __version__ = '...' line in {PACKAGE}/__init__.py")
+        raise RuntimeError(f"no __version__ = '...' line in {PACKAGE}/version.py")
     return match.group(1)
 
 
@@ -49,7 +49,7 @@ def find_cmake() -> str:
         pass
     found = shutil.which("cmake")
     if not found:
-        raise RuntimeError("cmake >= 3.18 is needed to build gem_mpi._core: pip install cmake")
+        raise RuntimeError("cmake >= 3.18 is needed to build gem_mpi.algorithm._core: pip install cmake")
     return found
 
 
@@ -148,7 +148,7 @@ setup(
     packages=find_packages(include=["gem_mpi", "gem_mpi.*"]),
     python_requires=">=3.11",
     install_requires=["numpy", "h5py", "mpi4py", "tqdm"],
-    ext_modules=[CMakeExtension("gem_mpi._core")],
+    ext_modules=[CMakeExtension("gem_mpi.algorithm._core")],
     cmdclass={"build_ext": CMakeBuild, "build_py": CleanBuildPy},
     zip_safe=False,
 )

@@ -1,4 +1,4 @@
-// bindings.cpp - the thin pybind11 module gem_mpi._core over gem_kernel.hpp.
+// bindings.cpp - the thin pybind11 module gem_mpi.algorithm._core over gem_kernel.hpp.
 //
 // Arrays are validated, never converted: a float64 or strided "theta" silently
 // copied to float32 would take the update in the copy and lose it. Every bad
@@ -265,7 +265,7 @@ py::dict build_info() {
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "gem_mpi._core: float32 element-wise kernels (bit-identical to the numpy reference)";
+  m.doc() = "gem_mpi.algorithm._core: float32 element-wise kernels (bit-identical to the numpy reference)";
   m.attr("__version__") = GEM_MPI_VERSION;
 
   m.attr("HIST_BINS") = gem_mpi::kHistBins;

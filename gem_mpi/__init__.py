@@ -7,6 +7,6 @@ make_dataset, lr=0.05, ...)`` (see docs/YOUR_MODEL.md); from the command line:
 
 from gem_mpi.api import Result, fit, options
 from gem_mpi.errors import GemError, UsageError
+from gem_mpi.version import __version__
 
-__version__ = "0.1.0"
-__all__ = ["GemError", "Result", "UsageError", "fit", "options"]
+__all__ = ["GemError", "Result", "UsageError", "__version__", "fit", "options"]

@@ -16,6 +16,8 @@ import numpy as np
 
 from gem_mpi import config
 from gem_mpi.errors import GemError, UsageError
+from gem_mpi.problem import build_problem, load_theta
+from gem_mpi.problem.user import register
 
 
 @dataclass
@@ -39,8 +41,6 @@ class Result:
 
 
 def _name(value: str | Callable, what: str) -> str:
-    from gem_mpi.problem.user import register
-
     return value if isinstance(value, str) else register(value, what)
 
 
@@ -61,9 +61,10 @@ def fit(model: str | Callable[[], Any], dataset: str | Callable[[str], Any], *,
     :class:`gem_mpi.UsageError` on every rank with the line the command line prints (rank 0
     prints it too); a failure during the run ends the whole job, as on the command line.
     """
-    from gem_mpi.run import session
+    # here, not at the top: `import gem_mpi` stays light (no MPI library, h5py or engine
+    # loaded) until a run starts
+    from gem_mpi import session
     from gem_mpi.run.supervisor import EXIT_CODES, say
-    from gem_mpi.train import abort
     from gem_mpi.transport import MASTER, start_mpi
 
     names = {"model": _name(model, "model"), "dataset": _name(dataset, "dataset")}
@@ -85,7 +86,7 @@ def fit(model: str | Callable[[], Any], dataset: str | Callable[[str], Any], *,
     try:
         outcome = session.run(cfg, comm, resumed, result)
     except BaseException as exc:  # a rank failing alone would hang the others: end the job
-        abort(comm, exc)
+        session.abort(comm, exc)
         raise
     out = Result(outcome.value, EXIT_CODES[outcome], rank)
     if rank == MASTER and "theta" in result:
@@ -97,8 +98,6 @@ def fit(model: str | Callable[[], Any], dataset: str | Callable[[str], Any], *,
 
 
 def _trained_model(cfg: config.Config, theta: np.ndarray) -> Any:
-    from gem_mpi.problem import build_problem, load_theta
-
     model = build_problem(cfg.data, with_theta0=False).model
     load_theta(model, theta)
     return model

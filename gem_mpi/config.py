@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -284,7 +282,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message or f"exit {status}")
 
 
-def _flag(f: dataclasses.Field) -> str:
+def flag_of(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
@@ -310,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
                     kw["type"] = type(f.default)
                 if f.metadata.get("metavar"):
                     kw["metavar"] = f.metadata["metavar"]
-            group.add_argument(_flag(f), **kw)
+            group.add_argument(flag_of(f), **kw)
     return p
 
 
@@ -345,230 +343,3 @@ def straggler(cfg: Config, world_size: int) -> tuple[int, float] | None:
     if not 1 <= factor <= STRAGGLER_MAX:
         raise UsageError(f"--straggler factor must be in [1, {STRAGGLER_MAX:g}], got {factor}")
     return rank, factor
-
-
-def _writable_target(path: str, what: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise UsageError(f"{what} {path!r}: directory {parent!r} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"{what} {path!r}: directory {parent!r} is not writable")
-
-
-def _check_fields(cfg: Config) -> None:
-    for name in SECTIONS:
-        section = getattr(cfg, name)
-        for f in dataclasses.fields(section):
-            check = f.metadata["check"]
-            value = getattr(section, f.name)
-            # a failed comparison also catches NaN; an infinite value is never meant
-            if check and not (check[0](value) and not _infinite(value)):
-                raise UsageError(f"{_flag(f)} must be {check[1]}, got {value}")
-
-
-def _infinite(value: Any) -> bool:
-    return isinstance(value, float) and math.isinf(value)
-
-
-def validate(cfg: Config, world_size: int, data: bool = True) -> None:
-    """Every check that can be made before the run starts, without MPI; raises UsageError
-    with one readable line. With ``data`` (rank 0 of a run) it also checks the dataset:
-    that it is there and intact, and that each worker's share holds a batch."""
-    method, model, dataset = cfg.method, cfg.data.model, cfg.data.dataset
-    if world_size < 2 and method != SYNC:
-        raise UsageError(
-            f"needs at least 2 MPI ranks (1 master + workers), got {world_size}: "
-            "launch with e.g. mpirun -n 5 python -m gem_mpi.train"
-        )
-    if method not in METHODS:
-        raise UsageError(f"unknown --method {method!r}; choose from {', '.join(METHODS)}")
-    if model not in MODELS and not is_plugin(model):
-        raise UsageError(f"unknown --model {model!r}; choose from {', '.join(MODELS)}, or "
-                         "give your own as MODULE:FUNCTION")
-    if dataset not in DATASETS and not is_plugin(dataset):
-        raise UsageError(f"unknown --dataset {dataset!r}; choose from {', '.join(DATASETS)}, "
-                         "or give your own as MODULE:FUNCTION")
-    if model == QUADRATIC and dataset != "synthetic":
-        raise UsageError("--model quadratic uses no data: pass --dataset synthetic")
-    if cfg.data.holdout and dataset not in HOLDOUT_DATASETS:
-        raise UsageError(f"--holdout holds images of an IDX training set out "
-                         f"({', '.join(HOLDOUT_DATASETS)}), not of {dataset!r}")
-    if model == QUADRATIC and cfg.data.loss:
-        raise UsageError("--model quadratic has its own objective: --loss does not apply")
-    if is_plugin(dataset) and not is_plugin(model):
-        raise UsageError(f"--dataset {dataset!r} is a dataset of your own and --model {model} "
-                         "is built for the built-in datasets; give a model of your own too "
-                         "(--model MODULE:FUNCTION)")
-    if method != GEM and cfg.optim.gem_proxy != PROXY_LOCAL:
-        raise UsageError(f"--gem-proxy {cfg.optim.gem_proxy} is GEM's: --method {method} has "
-                         "no proxy (use --method gem)")
-    masters = cfg.runtime.masters
-    if method == SYNC and masters != 1:
-        raise UsageError(f"--masters {masters} is for the asynchronous methods: --method sync "
-                         "has no master (every rank is a worker)")
-    if method != SYNC and masters >= 1 and world_size <= masters:
-        raise UsageError(f"--masters {masters} needs at least {masters + 1} MPI ranks (the "
-                         f"masters and a worker), got {world_size}: launch with e.g. mpirun "
-                         f"-n {masters + 4} python -m gem_mpi.train")
-    if method == SYNC and cfg.optim.worker_mode != WAIT:
-        raise UsageError("--worker-mode is for the asynchronous methods: --method sync has no "
-                         "master to pipeline against (every step waits for every worker)")
-    if method == SYNC and model == QUADRATIC:
-        raise UsageError("--method sync trains torch models (Horovod): --model quadratic is "
-                         "for the asynchronous methods only")
-    _check_fields(cfg)
-    if method == GEM and cfg.optim.gem_proxy == PROXY_GLOBAL:
-        _check_global_decay(cfg.optim.momentum, n_workers(cfg, world_size))
-    out = cfg.outputs
-    if out.metrics:
-        _writable_target(out.metrics, "--metrics")
-        if os.path.isdir(out.metrics):
-            raise UsageError(f"--metrics {out.metrics!r} is a directory")
-    if out.save:
-        _writable_target(out.save, "--save")
-        if os.path.isdir(out.save):
-            raise UsageError(f"--save {out.save!r} is a directory; name the file to write")
-    straggler(cfg, world_size)
-    if out.checkpoint_dir:
-        if os.path.exists(out.checkpoint_dir) and not os.path.isdir(out.checkpoint_dir):
-            raise UsageError(f"--checkpoint-dir {out.checkpoint_dir!r} is not a directory")
-        if not os.path.isdir(out.checkpoint_dir):
-            raise UsageError(f"--checkpoint-dir {out.checkpoint_dir!r} does not exist")
-        if not os.access(out.checkpoint_dir, os.W_OK):
-            raise UsageError(f"--checkpoint-dir {out.checkpoint_dir!r} is not writable")
-    if out.resume and out.resume != "auto" and not os.path.isfile(out.resume):
-        raise UsageError(f"--resume {out.resume!r}: no such file")
-    if out.resume == "auto" and not out.checkpoint_dir:
-        raise UsageError("--resume auto needs --checkpoint-dir")
-    _check_paths_apart(out)
-    _check_threads(cfg.runtime.threads)
-    if model == QUADRATIC:
-        _check_quadratic_memory(cfg, world_size)
-    if model != QUADRATIC:
-        from gem_mpi.problem.loss import make_loss
-
-        loss = make_loss(cfg.data.loss, model)  # a name it knows, or a function it finds
-        if data:
-            _check_data(cfg, world_size)
-            if is_plugin(model):  # the user's code: build it and try one batch
-                from gem_mpi.problem.user import check
-
-                check(cfg.data, loss, cfg.data.batch_size)
-
-
-def _check_global_decay(momentum: float, workers: int) -> None:
-    """μ^(1/n) must stay below 1 in float32, or the global m would never decay."""
-    from gem_mpi.algorithm.rule import global_decay
-
-    mu_g, gain = global_decay(momentum, workers)
-    if not (mu_g < 1 and gain > 0):
-        raise UsageError(f"--gem-proxy global with --momentum {momentum} and {workers} "
-                         f"workers: μ^(1/{workers}) rounds to {float(mu_g)!r} in float32, a "
-                         "proxy that never decays; lower --momentum or use --gem-proxy local")
-
-
-def _same_file(a: str, b: str) -> bool:
-    return os.path.realpath(a) == os.path.realpath(b)
-
-
-def _checkpoint_names() -> tuple[str, ...]:
-    """Glob patterns of the files the checkpoints own in --checkpoint-dir (the newest
-    checkpoint is kept: the others matching are deleted)."""
-    import re
-
-    from gem_mpi.outputs import checkpoint
-
-    return tuple(re.sub(r"\{[^}]*\}", "*", name)
-                 for name in (checkpoint.NAME, checkpoint.WORKER_MOMENTUM))
-
-
-def _check_paths_apart(out: OutputConfig) -> None:
-    """Two outputs in one file would overwrite (or delete) each other; one line instead."""
-    import fnmatch
-
-    if out.metrics and out.save and _same_file(out.metrics, out.save):
-        raise UsageError(f"--metrics and --save are the same file {out.metrics!r}: the saved "
-                         "model would overwrite the metrics")
-    for flag, path in (("--metrics", out.metrics), ("--save", out.save)):
-        if not path:
-            continue
-        if out.resume and out.resume != "auto" and _same_file(path, out.resume):
-            raise UsageError(f"{flag} {path!r} is the --resume checkpoint: writing it would "
-                             "destroy the checkpoint the run continues from")
-        if out.checkpoint_dir and _same_file(os.path.dirname(os.path.abspath(path)),
-                                             out.checkpoint_dir):
-            name = os.path.basename(path)
-            for pattern in _checkpoint_names():
-                if fnmatch.fnmatchcase(name, pattern):
-                    raise UsageError(f"{flag} {path!r} has the name of a checkpoint file "
-                                     f"({pattern}) in --checkpoint-dir: the checkpoints "
-                                     "would delete or overwrite it; choose another name")
-
-
-def _check_threads(threads: int) -> None:
-    cores = os.cpu_count() or 1
-    if threads > cores:
-        raise UsageError(f"--threads {threads} is more than the {cores} cores of rank 0's "
-                         "node (0: the node's cores divided by its ranks)")
-
-
-def _node_memory() -> int | None:
-    """Bytes of memory of this node (rank 0's), or None where the OS does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _check_quadratic_memory(cfg: Config, world_size: int) -> None:
-    """The master holds θ and one mailbox slot per worker (Δθ, κ|m| and s for GEM; Δθ and s
-    with the global proxy, plus its one m)."""
-    n, workers = cfg.data.quadratic_dim, n_workers(cfg, world_size)
-    global_proxy = cfg.method == GEM and cfg.optim.gem_proxy == PROXY_GLOBAL
-    per_slot = (2 if global_proxy else 3) if cfg.method == GEM else 1
-    # θ's window, θ₀, the problem's h and c, and numpy's float64 draws of them at the start
-    need = 4 * n * (workers * per_slot + 4 + global_proxy) + 8 * n
-    total = _node_memory()
-    if total and need > total:
-        raise UsageError(
-            f"--quadratic-dim {n}: the master alone needs about {need / 2**30:.1f} GiB "
-            f"(θ and {workers} workers' mailbox slots of {per_slot} float32 per parameter), "
-            f"more than the {total / 2**30:.1f} GiB of rank 0's node"
-        )
-
-
-def _check_data(cfg: Config, world_size: int) -> None:
-    """The data is there and each worker's share holds at least one batch (rank 0 reads the
-    dataset's headers, or counts ImageFolder images up to what is needed)."""
-    from gem_mpi.problem.data import check_dataset, dataset_spec
-
-    d = cfg.data
-    if not is_plugin(d.dataset):
-        dataset_spec(d.dataset, d.model)  # combinations that cannot work
-    shards = n_workers(cfg, world_size) if d.shard else 1
-    need = d.batch_size * shards
-    if d.dataset == "synthetic":
-        n, what = d.synthetic_size, "--dataset synthetic (--synthetic-size)"
-        # each epoch a worker draws its shard's order: arange, randperm and the gather, int64
-        need, total = 24 * (n // shards), _node_memory()
-        if total and need > total:
-            raise UsageError(
-                f"--synthetic-size {n}: each worker would hold its epoch's sample order, "
-                f"about {need / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of "
-                "rank 0's node"
-            )
-    else:
-        n, what = check_dataset(d.dataset, d.data_dir, at_least=need), d.dataset
-    if d.holdout:  # the dataset is one of HOLDOUT_DATASETS (checked above)
-        if d.holdout >= n:
-            raise UsageError(f"--holdout {d.holdout} leaves none of the {n} training samples "
-                             f"of {what} to train on")
-        n, what = n - d.holdout, f"{what} less --holdout {d.holdout}"
-    if n // shards >= d.batch_size:
-        return
-    if shards > 1:
-        raise UsageError(f"--batch-size {d.batch_size} exceeds the {n // shards} training "
-                         f"samples of each worker's shard (--shard: {n} samples of {what} "
-                         f"over {shards} workers); use a smaller batch or fewer workers")
-    raise UsageError(f"--batch-size {d.batch_size} exceeds the {n} training samples of "
-                     f"{what}; use a smaller batch")

@@ -1,6 +1,6 @@
 """``python -m gem_mpi.train``: the command line every rank runs.
 
-It only parses the options and dispatches to :mod:`gem_mpi.run.session`; a bad input is one
+It only parses the options and dispatches to :mod:`gem_mpi.session`; a bad input is one
 line from rank 0 and exit code 2 on every rank. Any unhandled error on any rank afterwards
 aborts the whole MPI job (plain ``python`` would leave the other ranks waiting forever) after
 printing that rank's message once.
@@ -9,11 +9,9 @@ printing that rank's message once.
 from __future__ import annotations
 
 import sys
-import traceback
 
-from gem_mpi import config
-from gem_mpi.errors import GemError, UsageError
-from gem_mpi.run import session
+from gem_mpi import config, session
+from gem_mpi.errors import UsageError
 from gem_mpi.run.supervisor import EXIT_CODES, EXIT_USAGE, Outcome, say
 from gem_mpi.transport import MASTER, MPI, start_mpi
 
@@ -54,24 +52,8 @@ def launch(argv: list[str] | None = None) -> int:
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001 - anything else must not leave the job hanging
-        abort(comm, exc)
+        session.abort(comm, exc)
     return EXIT_CODES[Outcome.FAILED]
-
-
-def abort(comm: MPI.Intracomm, exc: BaseException) -> None:
-    """End the whole job from this rank: its one message (or its traceback), then
-    MPI_Abort, so that no other rank waits forever for it."""
-    if isinstance(exc, GemError):
-        say(f"rank {comm.Get_rank()}: error: {exc}")
-        code = EXIT_USAGE
-    else:
-        text = traceback.format_exc()
-        sys.stderr.write(
-            "".join(f"[rank {comm.Get_rank()}] {line}\n" for line in text.rstrip().splitlines())
-        )
-        sys.stderr.flush()
-        code = EXIT_CODES[Outcome.FAILED]
-    comm.Abort(code)
 
 
 if __name__ == "__main__":

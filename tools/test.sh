@@ -19,6 +19,19 @@ fi
 
 export GEM_MPI_NO_SKIPS="${GEM_MPI_NO_SKIPS:-1}"
 
+# The package's layers (pyproject.toml's import-linter contract: no module imports one above
+# its own, function-level imports included) and ruff's rules, before any test: both take
+# a second or two.
+"$(dirname "$GEM_MPI_PY")/lint-imports" --no-cache >/dev/null || {
+  "$(dirname "$GEM_MPI_PY")/lint-imports" --no-cache | tail -n 40 >&2
+  echo "test.sh: an import breaks the package's layers (pyproject.toml [tool.importlinter])" >&2
+  exit 1
+}
+"$(dirname "$GEM_MPI_PY")/ruff" check --quiet gem_mpi tests tools examples || {
+  echo "test.sh: ruff check failed" >&2
+  exit 1
+}
+
 # With no file arguments pytest runs the testpaths of pyproject.toml (tests/); with some
 # (tools/test.sh tests/test_kernel.py) it runs just those.
 rc=0

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gem_mpi.errors import UsageError
+
 HIST_BINS = 512  # must equal _core.HIST_BINS (checked when the extension loads)
 HIST_SAMPLE = 8192  # must equal _core.HIST_SAMPLE
 COUNTS = 3  # per tensor: π ≤ 0, π ≥ π_max, Δθ = 0; must equal _core.COUNTS
@@ -234,24 +236,22 @@ def kernel_threads(local_ranks: int = 1, local_masters: int = 1) -> int:
     except ValueError:
         threads = 0
     if threads < 1:
-        from gem_mpi.errors import UsageError
-
         raise UsageError(f"GEM_NUM_THREADS must be a positive integer, got {value!r}")
     cores = os.cpu_count() or 1
     if threads > cores:
-        from gem_mpi.errors import UsageError
-
         raise UsageError(f"GEM_NUM_THREADS {threads} is more than the {cores} cores of the "
                          "master's node")
     return threads
 
 
 def load_extension() -> tuple[object | None, str]:
-    """(gem_mpi._core, "") when it loads and agrees with this module; else (None, why not)."""
+    """(gem_mpi.algorithm._core, "") when it loads and agrees with this module; else (None, why not)."""
     try:
-        from gem_mpi import _core
+        # imported here, not at the top: a missing or stale build is reported (the numpy
+        # reference runs), not raised on import
+        from gem_mpi.algorithm import _core
     except ImportError as exc:
-        if getattr(exc, "name", None) == "gem_mpi._core":
+        if getattr(exc, "name", None) == "gem_mpi.algorithm._core":
             return None, "not built; pip install . builds it"
         return None, f"built but does not load: {exc}"
     for name, want in (("HIST_BINS", HIST_BINS), ("HIST_SAMPLE", HIST_SAMPLE),
@@ -282,8 +282,8 @@ class Kernel:
     @property
     def name(self) -> str:
         if self.extension is not None:
-            return f"C++ extension gem_mpi._core ({self.threads} thread(s))"
-        return f"numpy reference (C++ extension gem_mpi._core not used: {self.why_not})"
+            return f"C++ extension gem_mpi.algorithm._core ({self.threads} thread(s))"
+        return f"numpy reference (C++ extension gem_mpi.algorithm._core not used: {self.why_not})"
 
     def gem_step(self, theta: np.ndarray, delta: np.ndarray, a: np.ndarray | None,
                  s: np.ndarray, eps: float, pi_max: float, keep: np.ndarray | None = None,

@@ -79,12 +79,12 @@ class Momentum:
     mu: Any  # μ and κ as the array library multiplies them: float32 for numpy
     kappa: Any
     folded: int = 0
-    fused: Any = None  # gem_mpi._core, when the fold runs there in one pass (host memory)
+    fused: Any = None  # gem_mpi.algorithm._core, when the fold runs there in one pass (host memory)
     a: Any = None  # the fused fold's κ|m|, reused: each payload is sent before the next fold
 
     @classmethod
     def zeros_like(cls, x: Any, optim: OptimConfig, extension: Any = None) -> Momentum:
-        """``extension``: gem_mpi._core, to fold in one pass when ``x`` is in host memory (a
+        """``extension``: gem_mpi.algorithm._core, to fold in one pass when ``x`` is in host memory (a
         numpy array or a CPU tensor); the fold is then a third of the memory traffic."""
         if isinstance(x, np.ndarray):
             z, scalar = np.zeros_like(x), np.float32
@@ -146,7 +146,7 @@ class WorkerRule:
         ``resumed``: this worker's updates before a checkpoint were applied, so with the
         paper's shift the master holds its s already (the checkpoint carries it). With the
         global proxy the worker keeps no momentum: the master does. ``extension``:
-        gem_mpi._core, to fold m in one pass when it lives in host memory."""
+        gem_mpi.algorithm._core, to fold m in one pass when it lives in host memory."""
         self.gem = optim.method == GEM
         local = self.gem and optim.gem_proxy != PROXY_GLOBAL
         self.momentum = Momentum.zeros_like(like, optim, extension) if local else None

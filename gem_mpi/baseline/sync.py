@@ -41,8 +41,6 @@ def check_horovod() -> None:
     when the job runs on another MPI than the Open MPI that Horovod is linked against (its
     library would load a second MPI into the process; under another Open MPI, e.g. 5 from
     PyPI's wheel, its import fails on a symbol that release lacks)."""
-    from gem_mpi.transport import MPI
-
     vendor, version = MPI.get_vendor()
     if vendor != "Open MPI":
         raise UsageError(f"--method sync: Horovod here is built against Open MPI, and this job "

@@ -8,7 +8,9 @@ import sys
 import tempfile
 import time
 
+from gem_mpi.baseline.sync import check_horovod
 from gem_mpi.bench import _machine, mpi_env
+from gem_mpi.outputs import analysis
 
 COMPARE_METHODS = ("gem", "downpour", "sync")
 
@@ -20,7 +22,6 @@ def run_training(mpirun: str, ranks: int, train_args: list[str], h5: str,
     import shlex
     import subprocess
 
-    from gem_mpi.outputs import analysis
 
     cmd = [*shlex.split(mpirun), "-n", str(ranks), sys.executable, "-m", "gem_mpi.train",
            *train_args, "--metrics", h5]
@@ -36,8 +37,6 @@ def run_training(mpirun: str, ranks: int, train_args: list[str], h5: str,
 
 def _compare_run(method: str, workers: int, args: argparse.Namespace, out_dir: str) -> dict:
     """One training run as a real mpirun job; its numbers come from its metrics file."""
-    from gem_mpi.outputs import analysis
-
     ranks = workers if method == "sync" else workers + 1
     # evaluations at the same numbers of samples: sync counts steps of all workers at once
     eval_every = args.eval_every if method == "sync" else args.eval_every * workers
@@ -61,7 +60,6 @@ def bench_compare(args: argparse.Namespace) -> dict:
     """Each method trains the same model on the same data streams with the same per-worker
     budget, one after the other (never at once: they would share the cores)."""
     if "sync" in args.methods:
-        from gem_mpi.baseline.sync import check_horovod
 
         check_horovod()
     rows = []

@@ -25,6 +25,7 @@ import numpy as np
 
 from gem_mpi.bench import _machine
 from gem_mpi.bench.compare import run_training
+from gem_mpi.outputs import analysis
 
 CLASSES = 10
 _TRAIN, _TEST = 512, 128  # images held by each rank (a class pattern plus noise each)
@@ -44,7 +45,6 @@ def resnet18() -> object:
 class _Images:
     """A fixed pool of generated images: class c is pattern c (smooth, from a 7×7 grid
     upsampled) plus Gaussian noise; map-style, so ``gem_mpi.train`` batches it."""
-
     def __init__(self, split: str, size: int) -> None:
         import torch
         import torch.nn.functional as F
@@ -70,7 +70,6 @@ def images(split: str) -> _Images:
 
 class _Utilisation:
     """The device's utilisation (NVML, percent), sampled every 0.2 s while a run trains."""
-
     def __init__(self, index: int = 0) -> None:
         self.samples: list[int] = []
         self._stop = threading.Event()
@@ -121,7 +120,6 @@ def _finite_theta(path: str) -> bool:
 
 def _mode_row(run: object, mode: str, steps: int, job_s: float, util: float | None,
               finite: bool) -> dict:
-    from gem_mpi.outputs import analysis
 
     wt, u = run.worker_time, run.updates
     workers = []
@@ -164,7 +162,6 @@ def bench_gpu(args: argparse.Namespace) -> dict:
         cal, _ = run_training(args.mpirun, ranks,
                               _train_args(args, "wait", args.calibration_steps, save),
                               os.path.join(out, "calibration.h5"), "gpu")
-        from gem_mpi.outputs import analysis
 
         rate = analysis.updates_per_second(cal)  # updates/s of all workers, after start-up
         steps = max(args.calibration_steps, int(args.seconds * rate / args.workers))

@@ -10,6 +10,14 @@ import numpy as np
 from gem_mpi.algorithm import kernel as gem
 from gem_mpi.bench import _machine
 from gem_mpi.bench.kernel import GEM_BYTES_PER_ELEMENT, _triad_seconds
+from gem_mpi.config import Config
+from gem_mpi.engine import shards
+from gem_mpi.engine.master import Master, Role
+from gem_mpi.problem import build_problem
+from gem_mpi.protocol import DONE, UPDATE, WORKER_TIME_COLUMNS
+from gem_mpi.run.rank import local_placement
+from gem_mpi.transport import MPI, soft_barrier, start_mpi
+from gem_mpi.transport.endpoints import WorkerShards
 
 
 def bench_master(sizes: list[int], updates: int, poll_ms: float,
@@ -20,15 +28,6 @@ def bench_master(sizes: list[int], updates: int, poll_ms: float,
     the node's cores the workers beside it leave). ``masters``: one row per K (θ sharded over K master ranks,
     --masters K), side by side; every K gets the same workers (the job's ranks less the
     largest K), the ranks a smaller K does not use wait."""
-    from gem_mpi.config import Config
-    from gem_mpi.engine import shards
-    from gem_mpi.engine.master import Master, Role
-    from gem_mpi.problem import build_problem
-    from gem_mpi.protocol import DONE, UPDATE, WORKER_TIME_COLUMNS
-    from gem_mpi.run.rank import local_placement
-    from gem_mpi.transport import MPI, soft_barrier, start_mpi
-    from gem_mpi.transport.endpoints import WorkerShards
-
     world = start_mpi()
     masters = masters or [1]
     top = max(masters)

@@ -31,7 +31,10 @@ import numpy as np
 
 from gem_mpi.bench import _machine
 from gem_mpi.bench.compare import run_training
+from gem_mpi.config import Config
+from gem_mpi.problem import build_problem
 from gem_mpi.protocol import WORKER_TIME_SPLIT
+from gem_mpi.run.rank import data_stream, seed_dropout
 
 WORKER_SPLIT = tuple(WORKER_TIME_SPLIT)  # the columns that split a worker's wall time
 MASTER_SPLIT = ("wait", "apply", "mpi", "metrics")  # "wait" is the master's idle time
@@ -42,9 +45,6 @@ def _ceiling_process(options: dict, worker: int, n: int, steps: int, barrier: ob
     """One process of the ceiling: set up, wait for the others, then time ``steps`` steps."""
     import torch
 
-    from gem_mpi.config import Config
-    from gem_mpi.problem import build_problem
-    from gem_mpi.run.rank import data_stream, seed_dropout
 
     torch.set_num_threads(1)
     cfg = Config.of(**options)
@@ -92,7 +92,6 @@ class Ceilings:
     the gaps this bench is after; so each run is divided by the mean of the ceilings that
     bracket it, and the row shows how far they drifted. A point holds the all-cores
     ceiling and, for n up to ``shared_max``, the time-shared one of n processes."""
-
     def __init__(self, options: dict, cores: int, steps: int, shared_max: int) -> None:
         self.options, self.cores, self.steps, self.shared_max = (options, cores, steps,
                                                                  shared_max)

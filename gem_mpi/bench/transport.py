@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from gem_mpi.bench import _machine, _time
+from gem_mpi.transport import MPI, start_mpi
 
-if TYPE_CHECKING:
-    from mpi4py import MPI
 
 def _transport_row(comm: MPI.Intracomm, n: int) -> dict | None:
     """Rank 1 times Get and Put on rank 0's window of n floats; rank 0 returns the row."""
-    from gem_mpi.transport import MPI
-
     rank = comm.Get_rank()
     win = MPI.Win.Allocate(4 * n if rank == 0 else 0, 4, comm=comm)
     row = None
@@ -45,7 +40,6 @@ def _transport_row(comm: MPI.Intracomm, n: int) -> dict | None:
 
 
 def bench_transport(sizes: list[int]) -> dict | None:
-    from gem_mpi.transport import MPI, start_mpi
 
     comm = start_mpi()
     if comm.Get_size() != 2:

@@ -13,32 +13,33 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gem_mpi.algorithm.kernel import GemStats, Kernel
+from gem_mpi.algorithm.kernel import GemStats, Kernel, kernel_threads, node_cores_left
 from gem_mpi.algorithm.rule import MasterRule
 from gem_mpi.config import GEM, PROXY_GLOBAL, Config
 from gem_mpi.engine.shards import Follower, Lead, Link, Plan
 from gem_mpi.errors import OutputError
+from gem_mpi.outputs import checkpoint
 from gem_mpi.problem import Problem
 from gem_mpi.protocol import (
     ABORTED,
-    DIVERGED,
     DONE,
-    FINISHED,
-    OUTPUT_FAILED,
-    STOPPED,
     UPDATE,
     WORKER_TIME_COLUMNS,
     Layout,
 )
 from gem_mpi.run.rank import Placement, RankPlace, placement_line
-from gem_mpi.run.supervisor import EXIT_CODES, Outcome, RunSupervisor, StopFlag, Verdict, say
+from gem_mpi.run.supervisor import (
+    EXIT_CODES,
+    OUTCOME_OF,
+    SHUTDOWN,
+    Outcome,
+    RunSupervisor,
+    StopFlag,
+    Verdict,
+    say,
+)
 from gem_mpi.transport import MPI
 from gem_mpi.transport.endpoints import MasterEndpoint
-
-# the stop word each outcome sends the workers (they exit with the code it maps back to)
-SHUTDOWN = {Outcome.FINISHED: FINISHED, Outcome.STOPPED: STOPPED, Outcome.DIVERGED: DIVERGED,
-            Outcome.OUTPUT_FAILED: OUTPUT_FAILED}
-OUTCOME_OF = {word: outcome for outcome, word in SHUTDOWN.items()}  # a worker's view
 
 
 @dataclass
@@ -428,8 +429,6 @@ def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Prob
     the evaluation's threads, and on rank 0 the start-up line (and, given every rank's
     ``ranks`` from :func:`gem_mpi.run.rank.gather_placement`, the placement line).
     ``role``: this master's shard of θ with --masters K > 1 (its kernel streams its tensors)."""
-    from gem_mpi.algorithm.kernel import kernel_threads, node_cores_left
-
     offsets = problem.offsets
     if role is not None:
         t_lo, t_hi = role.plan.tensors[role.shard]
@@ -470,8 +469,6 @@ def _momentum_note(cfg: Config, state: dict) -> str:
         return ""
     if cfg.optim.gem_proxy == PROXY_GLOBAL:
         return ", the global proxy's m restored from the checkpoint"
-    from gem_mpi.outputs import checkpoint
-
     directory, seqs = cfg.outputs.checkpoint_dir, state["next_seq"]
     found = sum(
         checkpoint.load_worker_momentum(directory, w + 1, int(seqs[w]), state["run_id"])

@@ -42,7 +42,9 @@ import numpy as np
 from gem_mpi.config import Config
 from gem_mpi.problem import Problem
 from gem_mpi.protocol import Layout, layout, shard_cut
+from gem_mpi.run.supervisor import OUTCOME_OF, Outcome, Verdict
 from gem_mpi.transport import MPI
+from gem_mpi.transport.endpoints import shard_comm
 
 LEAD = 0
 TAG = 7
@@ -91,8 +93,6 @@ def connect(comm: MPI.Intracomm, plan: Plan) -> tuple[list[MPI.Intracomm], Link 
     ([comm], None)."""
     if plan.masters == 1:
         return [comm], None
-    from gem_mpi.transport.endpoints import shard_comm
-
     comms = [shard_comm(comm, plan.masters, k) for k in range(plan.masters)]
     return comms, Link(comm)
 
@@ -214,9 +214,6 @@ class Follower:
 
     def between_batches(self) -> object:
         """None: go on; else the run has ended (the lead said its stop word)."""
-        from gem_mpi.engine.master import OUTCOME_OF
-        from gem_mpi.run.supervisor import Outcome, Verdict
-
         self._send_rows()
         backoff = self.engine.ep.idle_backoff()
         while self.word is None:

@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 import h5py
 import numpy as np
 
+from gem_mpi.errors import OutputError, UsageError
 from gem_mpi.outputs.files import atomic_write, h5py_write_errors, os_reason
 from gem_mpi.protocol import WORKER_TIME_COLUMNS
+from gem_mpi.version import __version__
 
 SCHEMA_VERSION = 1
 
@@ -84,10 +86,8 @@ def library_versions() -> dict[str, str]:
     import mpi4py
     from mpi4py import MPI
 
-    import gem_mpi
-
     out = {
-        "gem_mpi": gem_mpi.__version__,
+        "gem_mpi": __version__,
         "python": platform.python_version(),
         "numpy": np.__version__,
         "h5py": h5py.__version__,
@@ -220,8 +220,6 @@ class MetricsWriter:
                 shard_rows: list[int]) -> None:
         """Continue a checkpointed run's file (:func:`check_resumable` made sure it is this
         run's): cut every table back to the checkpoint's rows."""
-        from gem_mpi.errors import UsageError
-
         try:
             try:
                 self._f = h5py.File(self.path, "r+", libver="latest", rdcc_nbytes=0)
@@ -342,8 +340,6 @@ class MetricsWriter:
             with contextlib.suppress(OSError):
                 os.remove(self.path)
             kept = "it could not be repaired and was removed"
-        from gem_mpi.errors import OutputError
-
         raise OutputError(f"--metrics {self.path!r}: writing failed ({os_reason(exc)}); "
                           f"{kept}") from None
 
@@ -387,8 +383,6 @@ def check_resumable(path: str, run_id: str, checkpoint_path: str,
     run's own and hold at least the rows the checkpoint counts in every table (``shard_rows``:
     the ``shard<k>`` tables of --masters K > 1); UsageError otherwise (the file is only read).
     A file that does not exist yet is started afresh."""
-    from gem_mpi.errors import UsageError
-
     if not os.path.exists(path):
         return
     try:

@@ -11,8 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gem_mpi.config import QUADRATIC, DataConfig
+from gem_mpi.config import QUADRATIC, DataConfig, is_plugin
+from gem_mpi.errors import OutputError
+from gem_mpi.outputs.files import atomic_write, os_reason
+from gem_mpi.problem.loss import make_loss
 from gem_mpi.problem.quadratic import Quadratic
+from gem_mpi.problem.user import build_model as build_users_model
 
 
 @dataclass
@@ -40,11 +44,9 @@ def build_problem(data: DataConfig, with_theta0: bool) -> Problem:
         return Problem(names, sizes, q.theta0() if with_theta0 else None, quadratic=q)
     import torch
 
+    # data and models import torch: here, so that the quadratic problem never loads it
     from gem_mpi.problem.data import dataset_spec
-    from gem_mpi.problem.loss import make_loss
     from gem_mpi.problem.models import build_model
-    from gem_mpi.problem.user import build_model as build_users_model
-    from gem_mpi.problem.user import is_plugin
 
     torch.manual_seed(data.seed)  # θ₀ is a function of --seed alone
     if is_plugin(data.model):
@@ -90,9 +92,6 @@ def load_theta(model: object, theta: np.ndarray) -> None:
 def save_final(model: object | None, theta: np.ndarray, path: str) -> None:
     """--save: a torch model's state_dict (θ loaded into it), or θ as .npy for the quadratic;
     atomically, so a failed write leaves no partial file."""
-    from gem_mpi.errors import OutputError
-    from gem_mpi.outputs.files import atomic_write, os_reason
-
     def write(tmp: str) -> None:
         if model is not None:
             import torch

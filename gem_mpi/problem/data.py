@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from gem_mpi.config import DATASETS, TORCH_MODELS, DataConfig, is_plugin
 from gem_mpi.errors import DataError, UsageError
+from gem_mpi.problem.user import collate, load_dataset
 
 SPLITS = ("train", "test")
 
@@ -507,8 +508,6 @@ class UserSplit(Split):
     """A split of the user's own map-style dataset, batched as torch's DataLoader would."""
 
     def __init__(self, name: str, split: str) -> None:
-        from gem_mpi.problem.user import load_dataset
-
         self.dataset, self.split, self.spec = name, split, None
         self.data = load_dataset(name, split)
 
@@ -518,8 +517,6 @@ class UserSplit(Split):
     def _batches(
         self, plan: Iterable[torch.Tensor], seed: int, shard_index: int, start: int
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        from gem_mpi.problem.user import collate
-
         for indices in plan:
             yield collate(self.data, self.dataset, self.split, indices.tolist())
 

@@ -5,21 +5,20 @@ same factory), and every rank resolves it itself: the same code on every rank gi
 parameter layout without a message. Functions given from Python (:func:`gem_mpi.fit`) are
 registered under their ``module:qualname`` first, so lambdas and closures work too.
 
-Rank 0 calls :func:`check` before any work: a factory that cannot be imported, raises, or
-returns the wrong kind of thing, and a target the loss cannot take, are one line and exit 2
-there, instead of a traceback on every rank.
+Every failure here is one :class:`~gem_mpi.errors.UsageError` line; rank 0 also builds the
+model and runs a batch through it before any work (:func:`gem_mpi.run.preflight.check_user_code`),
+so that a factory that raises or returns the wrong thing is one line and exit 2 there, instead
+of a traceback on every rank.
 """
 
 from __future__ import annotations
 
 import importlib
-import math
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from gem_mpi.config import is_plugin
 from gem_mpi.errors import UsageError
 
 _REGISTERED: dict[str, Callable] = {}  # name -> a function given from Python
@@ -48,7 +47,7 @@ def resolve(name: str, flag: str) -> Callable:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - whatever the user's module raises on import
         raise UsageError(f"{flag} {name!r}: cannot import {module_name!r} "
-                         f"({_why(exc)})") from None
+                         f"({why(exc)})") from None
     fn: Any = module
     for part in attr.split("."):
         if not hasattr(fn, part):
@@ -60,7 +59,7 @@ def resolve(name: str, flag: str) -> Callable:
     return fn
 
 
-def _why(exc: BaseException) -> str:
+def why(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
@@ -70,7 +69,7 @@ def _call(fn: Callable, flag: str, name: str, *args: Any) -> Any:
         return fn(*args)
     except Exception as exc:  # noqa: BLE001 - the user's code: one line, not a traceback
         call = f"{name.partition(':')[2] or name}({', '.join(map(repr, args))})"
-        raise UsageError(f"{flag} {name!r}: {call} raised {_why(exc)}") from None
+        raise UsageError(f"{flag} {name!r}: {call} raised {why(exc)}") from None
 
 
 def build_model(name: str) -> Any:
@@ -109,7 +108,7 @@ def load_dataset(name: str, split: str) -> Any:
     try:
         n = len(ds)
     except Exception as exc:  # noqa: BLE001
-        raise UsageError(f"{what}: len() raised {_why(exc)}") from None
+        raise UsageError(f"{what}: len() raised {why(exc)}") from None
     if n == 0:
         raise UsageError(f"{what} is empty")
     return ds
@@ -121,7 +120,7 @@ def sample(ds: Any, name: str, split: str, index: int) -> tuple[Any, Any]:
         item = ds[index]
     except Exception as exc:  # noqa: BLE001
         raise UsageError(f"--dataset {name!r}: sample {index} of {split!r} raised "
-                         f"{_why(exc)}") from None
+                         f"{why(exc)}") from None
     if not (isinstance(item, (tuple, list)) and len(item) == 2):
         raise UsageError(f"--dataset {name!r}: sample {index} of {split!r} is a "
                          f"{type(item).__name__}, not an (input, target) pair")
@@ -134,53 +133,3 @@ def collate(ds: Any, name: str, split: str, indices: list[int]) -> tuple[Any, An
 
     x, y = default_collate([sample(ds, name, split, i) for i in indices])
     return x, y
-
-
-def check(data: Any, loss: Any, batch_size: int) -> None:
-    """Rank 0, before any work, when the model or the dataset is the user's: build the
-    model, and run one forward pass and the loss on a small batch of each split."""
-    import torch
-
-    from gem_mpi.problem.data import dataset_spec, iterate_batches, load_split
-    from gem_mpi.problem.models import build_model as build_builtin
-
-    if is_plugin(data.model):
-        model = build_model(data.model)
-    else:
-        model = build_builtin(data.model, dataset_spec(data.dataset, data.model))
-    for split_name in SPLITS:
-        split = load_split(data.dataset, data.data_dir, split_name, data.model,
-                           synthetic_size=min(data.synthetic_size, 4))
-        n = min(len(split), batch_size, 4)
-        try:
-            x, y = next(iterate_batches(split, n, 1, 0, shuffle=False))
-        except UsageError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise UsageError(f"--dataset {data.dataset!r}: its {split_name!r} samples cannot "
-                             f"be batched ({_why(exc)}): inputs and targets must be tensors "
-                             "(or numbers) of one shape") from None
-        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-            raise UsageError(f"--dataset {data.dataset!r}: a batch of {split_name!r} is "
-                             f"({type(x).__name__}, {type(y).__name__}), not (tensor, tensor)")
-        with torch.no_grad():
-            try:
-                out = model(x)
-            except Exception as exc:  # noqa: BLE001
-                raise UsageError(f"--model {data.model!r} cannot take a batch of --dataset "
-                                 f"{data.dataset!r} (inputs {tuple(x.shape)} {x.dtype}): "
-                                 f"{_why(exc)}") from None
-            try:
-                value = loss.mean(out, y)
-            except Exception as exc:  # noqa: BLE001
-                raise UsageError(f"--loss {loss.name} cannot take the model's output "
-                                 f"{tuple(out.shape)} {out.dtype} with the targets "
-                                 f"{tuple(y.shape)} {y.dtype} of --dataset {data.dataset!r}: "
-                                 f"{_why(exc)}") from None
-        if not isinstance(value, torch.Tensor) or value.numel() != 1:
-            got = (f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor)
-                   else f"a {type(value).__name__}")
-            raise UsageError(f"--loss {loss.name} returned {got}, not a scalar tensor")
-        if not math.isfinite(float(value)):
-            raise UsageError(f"--loss {loss.name} is {float(value)} on the first samples of "
-                             f"{split_name!r} at θ₀")

@@ -380,15 +380,6 @@ def _alexnet(res: Results) -> Verdict | None:
                     f"{', '.join(f'{x:g}' for x in proxy_trains)}" if proxy_trains else ""))
 
 
-# E9's rule, fixed before any run: the global proxy must never diverge, and its mean final
-# training loss at each (η, n) must be at most E9_LOSS_RATIO times the local proxy's (E1's and
-# E6's gem-others runs, the same settings and seeds). Why 1.25: averaging about n mini-batches
-# per proxy step, the global m is expected to be more cautious than a local m where updates
-# are mostly noise, so some extra loss is the design, not a failure; a quarter is far beyond
-# the spread of E1's and E6's GEM runs over seeds (a few per cent) yet well inside E1's own
-# stability rule (2x between the smallest and the largest n), so "yes" means "as stable, and
-# about as good", and a proxy that slows training by more than a quarter shows as "partly".
-E9_LOSS_RATIO = 1.25
 
 
 def _global_proxy(res: Results) -> Verdict | None:
@@ -408,12 +399,12 @@ def _global_proxy(res: Results) -> Verdict | None:
                          + (f" ({r:.2f}×)" if math.isfinite(r) else ""))
             if math.isfinite(r):
                 compared += 1
-                if r > E9_LOSS_RATIO:
+                if r > ex.E9_LOSS_RATIO:
                     over.append(f"η {lr:g}, n = {n}")
     ours = ("final training loss " + "; ".join(texts) + f"; global diverged {k}/{m}"
             + _done_note(res, runs))
     rule = (f"yes: no global-proxy run diverges, and at every (η, n) its mean final training "
-            f"loss is at most {E9_LOSS_RATIO:g}× the local proxy's (E1's and E6's gem-others "
+            f"loss is at most {ex.E9_LOSS_RATIO:g}× the local proxy's (E1's and E6's gem-others "
             "runs); partly: no divergence, but over that bound somewhere; no: a global-proxy "
             "run diverged")
     if k:
@@ -422,7 +413,7 @@ def _global_proxy(res: Results) -> Verdict | None:
         return Verdict(ours, "too few runs yet", "needs E1's and E6's gem-others runs at the "
                        "same n")
     if over:
-        return Verdict(ours, "partly", f"no divergence, but over {E9_LOSS_RATIO:g}× the local "
+        return Verdict(ours, "partly", f"no divergence, but over {ex.E9_LOSS_RATIO:g}× the local "
                        f"proxy's loss at {'; '.join(over)} ({rule})")
     return Verdict(ours, "yes", rule)
 

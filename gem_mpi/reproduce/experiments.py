@@ -345,3 +345,14 @@ def runs_shown(exps: dict[str, Experiment], exp_id: str) -> list[Run]:
     """The runs an experiment's page shows."""
     e = exps[exp_id]
     return [r for j in (*e.reads, e.id) for r in exps[j].runs]
+
+
+# E9's rule, fixed before any run: the global proxy must never diverge, and its mean final
+# training loss at each (η, n) must be at most E9_LOSS_RATIO times the local proxy's (E1's and
+# E6's gem-others runs, the same settings and seeds). Why 1.25: averaging about n mini-batches
+# per proxy step, the global m is expected to be more cautious than a local m where updates
+# are mostly noise, so some extra loss is the design, not a failure; a quarter is far beyond
+# the spread of E1's and E6's GEM runs over seeds (a few per cent) yet well inside E1's own
+# stability rule (2x between the smallest and the largest n), so "yes" means "as stable, and
+# about as good", and a proxy that slows training by more than a quarter shows as "partly".
+E9_LOSS_RATIO = 1.25

@@ -583,8 +583,6 @@ def _e8(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
 def _e9(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     """The global proxy's runs beside the local proxy's (E1's and E6's gem-others), per
     setting: loss curves per n on shared axes, the final loss and the median π against n."""
-    from gem_mpi.reproduce.claims import E9_LOSS_RATIO
-
     plt = analysis.pyplot()
     fig, axes = plt.subplots(len(ex.E9_SETTINGS), 4, figsize=(17, 3.8 * len(ex.E9_SETTINGS)),
                              squeeze=False)
@@ -617,7 +615,7 @@ def _e9(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                     "axis), the final training loss and the median π against n")
     lines += [(f"The verdict's rule was fixed in `gem_mpi/reproduce/claims.py` before any run: "
                f"no global-proxy run may diverge, and its mean final training loss must stay "
-               f"within {E9_LOSS_RATIO:g}× the local proxy's at every (η, n). The global m "
+               f"within {ex.E9_LOSS_RATIO:g}× the local proxy's at every (η, n). The global m "
                "averages about n mini-batches per proxy step, so where the updates are mostly "
                "noise it is smaller than a local m and π is lower: some extra loss is the "
                "design (docs/ARCHITECTURE.md#gem-with-a-global-proxy---gem-proxy-global)."),

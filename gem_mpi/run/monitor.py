@@ -35,6 +35,7 @@ class Evaluator:
         self._results: queue.Queue = queue.Queue()
         self._busy = threading.Event()
         if problem.quadratic is None:
+            # torch and the data modules here: a quadratic run never loads torch
             import torch
 
             from gem_mpi.problem.data import evaluation_split
@@ -49,7 +50,7 @@ class Evaluator:
         if q is not None:  # the mean objective over workers' targets ≈ the shared optimum
             diff = theta - q.center
             return 0.5 * float(np.dot(q.h * diff, diff)), float("nan")
-        from gem_mpi.problem.data import iterate_batches
+        from gem_mpi.problem.data import iterate_batches  # torch: not for the quadratic
         from gem_mpi.problem.models import evaluate
 
         load_theta(self.problem.model, theta)

@@ -98,7 +98,7 @@ def placement_line(ranks: list[RankPlace], kernel_threads: int, eval_threads: in
 def seed_dropout(seed: int, worker: int, step: int) -> None:
     """Each worker its own dropout masks (θ₀ came from --seed alone, before this); seeded
     per step, a resumed run draws the masks the uninterrupted one would have."""
-    import torch
+    import torch  # here: a quadratic run never loads torch
 
     from gem_mpi.problem.data import mix_seed
 
@@ -108,6 +108,7 @@ def seed_dropout(seed: int, worker: int, step: int) -> None:
 def data_stream(data: DataConfig, worker: int, n_workers: int, start_seq: int = 0) -> tuple:
     """(steps, batches) of worker number ``worker`` (1..n): the same stream whichever method
     runs it, so that methods are compared on the same data."""
+    # torch models only (problem.data imports torch; the quadratic never does)
     from gem_mpi.problem.data import iterate_batches, steps_per_epoch, training_split
 
     shard = (worker - 1, n_workers) if data.shard else None

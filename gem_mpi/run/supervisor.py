@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gem_mpi import protocol
 from gem_mpi.config import SYNC, Config
 from gem_mpi.errors import OutputError
 from gem_mpi.outputs import checkpoint
@@ -51,6 +52,10 @@ EXIT_CODES = {
     Outcome.STOPPED: 3,
     Outcome.DIVERGED: 4,
 }
+# the stop word each outcome sends the workers (they exit with the code it maps back to)
+SHUTDOWN = {Outcome.FINISHED: protocol.FINISHED, Outcome.STOPPED: protocol.STOPPED,
+            Outcome.DIVERGED: protocol.DIVERGED, Outcome.OUTPUT_FAILED: protocol.OUTPUT_FAILED}
+OUTCOME_OF = {word: outcome for outcome, word in SHUTDOWN.items()}  # a worker's view
 
 
 def say(text: str) -> None:

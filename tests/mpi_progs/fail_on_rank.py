@@ -3,7 +3,7 @@
 import sys
 
 from gem_mpi import train
-from gem_mpi.run import session
+from gem_mpi import session
 
 bad_rank = int(sys.argv[1])
 real_run = session.run

@@ -10,6 +10,7 @@ import pytest
 
 from gem_mpi import config
 from gem_mpi.errors import UsageError
+from gem_mpi.run.preflight import validate
 
 USER_CODE = Path(__file__).resolve().parents[1] / "user_code"
 GOOD = {"model": "plugins:mlp", "dataset": "plugins:blobs"}
@@ -21,7 +22,7 @@ def user_code_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def check(**options: object) -> None:
-    config.validate(config.Config.of(**{**GOOD, "batch_size": 8, **options}), 3)
+    validate(config.Config.of(**{**GOOD, "batch_size": 8, **options}), 3)
 
 
 def test_a_model_and_dataset_of_ones_own_pass_every_check() -> None:

@@ -8,11 +8,31 @@ rank. Then every rank takes its part: the master, a worker, or a synchronous wor
 
 from __future__ import annotations
 
+import sys
+import traceback
 import uuid
 
 from gem_mpi import config
+from gem_mpi.algorithm.kernel import kernel_threads
+from gem_mpi.baseline.sync import check_horovod, run_sync
+from gem_mpi.engine import shards
+from gem_mpi.engine.master import Role, start_master
+from gem_mpi.engine.worker import run_worker
 from gem_mpi.errors import GemError, UsageError
-from gem_mpi.run.supervisor import Outcome, StopFlag, say
+from gem_mpi.outputs import checkpoint
+from gem_mpi.outputs.metrics import check_resumable
+from gem_mpi.problem import build_problem
+from gem_mpi.protocol import shard_cut
+from gem_mpi.run.preflight import validate
+from gem_mpi.run.rank import gather_placement, local_placement
+from gem_mpi.run.supervisor import (
+    EXIT_CODES,
+    EXIT_USAGE,
+    OUTCOME_OF,
+    Outcome,
+    StopFlag,
+    say,
+)
 from gem_mpi.transport import MASTER, MPI, soft_barrier, window_check
 
 
@@ -40,19 +60,12 @@ def prepare(cfg: config.Config, comm: MPI.Intracomm) -> tuple[str | None, dict |
 
 def _check_on_master(cfg: config.Config, size: int) -> dict | None:
     """Every check that can be made before any work; returns the checkpoint to resume."""
-    from gem_mpi.algorithm.kernel import kernel_threads
-
-    config.validate(cfg, size)  # the data too: there, intact, and a batch per worker
+    validate(cfg, size)  # the data too: there, intact, and a batch per worker
     if cfg.method == config.SYNC:
-        from gem_mpi.baseline.sync import check_horovod
-
         check_horovod()
     else:
         kernel_threads()  # GEM_NUM_THREADS
         if cfg.runtime.masters > 1:  # θ is cut between tensors: enough of them?
-            from gem_mpi.problem import build_problem
-            from gem_mpi.protocol import shard_cut
-
             try:
                 shard_cut(build_problem(cfg.data, with_theta0=False).sizes, cfg.runtime.masters)
             except ValueError as exc:
@@ -64,9 +77,6 @@ def _resume(cfg: config.Config, n_workers: int) -> dict | None:
     """Rank 0: the checkpoint's state (θ under "theta", its path under "path", what this
     resume changes under "changes"), or None. Refuses, before anything is written, a
     checkpoint of another setting and a metrics file of another run."""
-    from gem_mpi.outputs import checkpoint
-    from gem_mpi.outputs.metrics import check_resumable
-
     out = cfg.outputs
     if not out.resume:
         return None
@@ -114,9 +124,6 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
         result: dict | None = None) -> Outcome:
     """This rank's part of the run: the master, a worker, or a synchronous worker.
     ``result``, if given, receives on rank 0 the final θ and the model it was loaded into."""
-    from gem_mpi.problem import build_problem
-    from gem_mpi.run.rank import gather_placement, local_placement
-
     stop = StopFlag().install()
     rank = comm.Get_rank()
     masters = cfg.runtime.masters if cfg.method != config.SYNC else 1
@@ -135,11 +142,7 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
         raise UsageError(f"--resume {resumed['path']!r} holds no global proxy m of "
                          f"{problem.n_params} parameters (--gem-proxy global)")
     if cfg.method == config.SYNC:
-        from gem_mpi.baseline.sync import run_sync
-
         return run_sync(cfg, comm, problem, placement, stop, resumed, result)
-    from gem_mpi.engine import shards
-
     plan = shards.plan(cfg, problem, n_workers)
     soft_barrier(comm)
     # every rank learns the run's id (a new one on a fresh start) and where it resumes
@@ -149,27 +152,35 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
     role = None
     comms, link = shards.connect(comm, plan)  # collective; [comm], None with one master
     if link is not None and rank < masters:
-        from gem_mpi.engine.master import Role
-
         role = Role(rank, plan, link)
         resumed = _shard_of(comm, plan, rank, resumed)
     if rank < masters:
-        from gem_mpi.engine.master import start_master
-
         master = start_master(cfg, comms[rank], plan.layouts[rank], problem, stop, resumed,
                               placement, run_id, ranks, role)
         outcome = master.run()
         if result is not None and rank == MASTER:
             result.update(theta=master.final_theta, summary=master.sup.summary)
         return outcome
-    from gem_mpi.engine.worker import run_worker
-
     worker = rank - masters + 1  # 1..n
     code = run_worker(cfg, comm, plan, problem, placement,
                       start_seq=0 if start_seqs is None else start_seqs[worker - 1],
                       run_id=run_id, comms=comms)
-    from gem_mpi.engine.master import OUTCOME_OF
-
     # the master alone reports how the run ended; every rank exits with its code
     return OUTCOME_OF.get(code, Outcome.FAILED)
 
+
+
+def abort(comm: MPI.Intracomm, exc: BaseException) -> None:
+    """End the whole job from this rank: its one message (or its traceback), then
+    MPI_Abort, so that no other rank waits forever for it."""
+    if isinstance(exc, GemError):
+        say(f"rank {comm.Get_rank()}: error: {exc}")
+        code = EXIT_USAGE
+    else:
+        text = traceback.format_exc()
+        sys.stderr.write(
+            "".join(f"[rank {comm.Get_rank()}] {line}\n" for line in text.rstrip().splitlines())
+        )
+        sys.stderr.flush()
+        code = EXIT_CODES[Outcome.FAILED]
+    comm.Abort(code)
