@@ -1,7 +1,7 @@
 // gem_kernel.hpp - the master's fused update kernels, on raw float32 buffers.
 //
 // No Python here: bindings.cpp wraps these for numpy. Every float32 operation on theta is
-// done in the order of the numpy reference (gem_mpi/gem.py), and the library is compiled
+// done in the order of the numpy reference (gem_mpi/algorithm/kernel.py), and it is compiled
 // with -ffp-contract=off, so theta comes out bit-identical to numpy's (no FMA fusion, no
 // reassociation, no flush-to-zero). The statistics are sums in double and a histogram.
 #pragma once

@@ -24,7 +24,8 @@ post leaves it in place.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -156,7 +157,155 @@ def shard_cut(sizes: list[int], masters: int) -> list[tuple[int, int]]:
     return [(cuts[k], cuts[k + 1]) for k in range(masters)]
 
 
-__all__ = ["ABORTED", "AMPLITUDE", "DELTA", "DIVERGED", "DONE", "FINISHED", "KINDS",
-           "OUTPUT_FAILED", "RUNNING", "SHIFT_BASE", "STOPPED", "STOP_WORDS", "UPDATE",
-           "WORKER_TIME_COLUMNS", "WORKER_TIME_SPLIT", "Layout", "UpdatePayload", "layout",
-           "shard_cut", "update_payload"]
+@dataclass
+class ShardState:
+    """One master's engine state: the whole of it with one master, or one shard's part of θ
+    with its own clock and tickets (--masters K > 1). A checkpoint is made of one (or of
+    every shard's, joined); a follower sends its own to the lead."""
+
+    theta: np.ndarray
+    clock: int
+    tickets: int
+    next_seq: np.ndarray  # each worker's next update number
+    kept_s: np.ndarray | None = None  # GEM paper's s, per worker (workers × parameters)
+    proxy_m: np.ndarray | None = None  # the global proxy's m
+
+    @staticmethod
+    def join(parts: list[ShardState]) -> dict[str, Any]:
+        """The engine's fields of a checkpoint from every shard's part, in shard order: θ,
+        s and m concatenated, each shard's clock and tickets kept (the lead's are the run's)."""
+        lead = parts[0]
+        kept, proxy_m = [p.kept_s for p in parts], [p.proxy_m for p in parts]
+        return {"theta": np.concatenate([p.theta for p in parts]), "clock": lead.clock,
+                "tickets": lead.tickets, "next_seq": lead.next_seq,
+                "kept_s": None if kept[0] is None else np.concatenate(kept, axis=1),
+                "proxy_m": None if proxy_m[0] is None else np.concatenate(proxy_m),
+                "shard_clock": np.array([p.clock for p in parts], np.int64),
+                "shard_tickets": np.array([p.tickets for p in parts], np.int64)}
+
+
+# --- what the masters of a sharded run say to each other (--masters K > 1) -----------------
+# The lead (rank 0) runs the run; each follower applies its shard and answers. They travel
+# pickled on the masters' private link (gem_mpi.transport.link), never on the data path;
+# a receiver dispatches on the message's class. gem_mpi.engine.shards says when each is sent.
+
+@dataclass(frozen=True)
+class Hold:
+    """lead → follower: stop taking updates and say where you are (:class:`At`)."""
+
+
+@dataclass(frozen=True)
+class Cut:
+    """lead → follower: apply, from your mailboxes, exactly the updates below ``target``
+    (each worker's next update number), then send your :class:`State`."""
+
+    target: np.ndarray
+
+
+@dataclass(frozen=True)
+class Go:
+    """lead → follower: take updates again (after a :class:`Cut`)."""
+
+
+@dataclass(frozen=True)
+class Gather:
+    """lead → follower: send your part of θ as it is now (:class:`Piece`), for an evaluation."""
+
+
+@dataclass(frozen=True)
+class End:
+    """lead → follower: the run has ended with stop word ``word``."""
+
+    word: int
+
+
+@dataclass(frozen=True)
+class Rows:
+    """follower → lead: metrics rows since the last, each (table, row)."""
+
+    rows: list[tuple[str, dict]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class At:
+    """follower → lead, answering :class:`Hold`: its next update number of each worker."""
+
+    next_seq: np.ndarray
+
+
+@dataclass(frozen=True)
+class State:
+    """follower → lead, answering :class:`Cut`: its part of the checkpoint, or None when it
+    could not reach the cut within --exit-timeout."""
+
+    state: ShardState | None
+
+
+@dataclass(frozen=True)
+class Piece:
+    """follower → lead, answering :class:`Gather`: its part of θ."""
+
+    theta: np.ndarray
+
+
+@dataclass(frozen=True)
+class Final:
+    """follower → lead, once every worker is done with it: its last state and its summary."""
+
+    state: ShardState
+    summary: dict
+
+
+@dataclass(frozen=True)
+class Diverged:
+    """follower → lead: its θ holds values that are not finite (the lead ends the run)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Bye:
+    """follower → lead, after the lead's :class:`End`: every row has been sent."""
+
+
+LEAD_SAYS = (Hold, Cut, Go, Gather, End)
+REPLIES = (At, State, Piece, Bye)  # what the lead waits for, one from each follower
+
+
+__all__ = [
+    "ABORTED",
+    "AMPLITUDE",
+    "DELTA",
+    "DIVERGED",
+    "DONE",
+    "FINISHED",
+    "KINDS",
+    "LEAD_SAYS",
+    "OUTPUT_FAILED",
+    "REPLIES",
+    "RUNNING",
+    "SHIFT_BASE",
+    "STOPPED",
+    "STOP_WORDS",
+    "UPDATE",
+    "WORKER_TIME_COLUMNS",
+    "WORKER_TIME_SPLIT",
+    "At",
+    "Bye",
+    "Cut",
+    "Diverged",
+    "End",
+    "Final",
+    "Gather",
+    "Go",
+    "Hold",
+    "Layout",
+    "Piece",
+    "Rows",
+    "ShardState",
+    "State",
+    "UpdatePayload",
+    "layout",
+    "shard_cut",
+    "update_payload",
+]

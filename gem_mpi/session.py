@@ -16,12 +16,12 @@ from gem_mpi import config
 from gem_mpi.algorithm.kernel import kernel_threads
 from gem_mpi.baseline.sync import check_horovod, run_sync
 from gem_mpi.engine import shards
-from gem_mpi.engine.master import Role, start_master
+from gem_mpi.engine.master import Master, Role, start_master
 from gem_mpi.engine.worker import run_worker
 from gem_mpi.errors import GemError, UsageError
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.metrics import check_resumable
-from gem_mpi.problem import build_problem
+from gem_mpi.problem import Problem, build_problem
 from gem_mpi.protocol import shard_cut
 from gem_mpi.run.preflight import validate
 from gem_mpi.run.rank import gather_placement, local_placement
@@ -30,6 +30,7 @@ from gem_mpi.run.supervisor import (
     EXIT_USAGE,
     OUTCOME_OF,
     Outcome,
+    RunSupervisor,
     StopFlag,
     say,
 )
@@ -42,7 +43,8 @@ def thread_level(cfg: config.Config | None) -> str:
     return "multiple" if cfg is not None and cfg.method == config.SYNC else "funneled"
 
 
-def prepare(cfg: config.Config, comm: MPI.Intracomm) -> tuple[str | None, dict | None]:
+def prepare(cfg: config.Config, comm: MPI.Intracomm
+            ) -> tuple[str | None, checkpoint.Checkpoint | None]:
     """Collective: (None, the checkpoint to resume or None) when the run can start, else
     (the one-line error, None) on every rank."""
     error, resumed = None, None
@@ -58,7 +60,7 @@ def prepare(cfg: config.Config, comm: MPI.Intracomm) -> tuple[str | None, dict |
     return error, resumed
 
 
-def _check_on_master(cfg: config.Config, size: int) -> dict | None:
+def _check_on_master(cfg: config.Config, size: int) -> checkpoint.Checkpoint | None:
     """Every check that can be made before any work; returns the checkpoint to resume."""
     validate(cfg, size)  # the data too: there, intact, and a batch per worker
     if cfg.method == config.SYNC:
@@ -73,10 +75,10 @@ def _check_on_master(cfg: config.Config, size: int) -> dict | None:
     return _resume(cfg, config.n_workers(cfg, size))
 
 
-def _resume(cfg: config.Config, n_workers: int) -> dict | None:
-    """Rank 0: the checkpoint's state (θ under "theta", its path under "path", what this
-    resume changes under "changes"), or None. Refuses, before anything is written, a
-    checkpoint of another setting and a metrics file of another run."""
+def _resume(cfg: config.Config, n_workers: int) -> checkpoint.Checkpoint | None:
+    """Rank 0: the checkpoint to continue from (with what this resume changes), or None.
+    Refuses, before anything is written, a checkpoint of another setting and a metrics
+    file of another run."""
     out = cfg.outputs
     if not out.resume:
         return None
@@ -84,43 +86,30 @@ def _resume(cfg: config.Config, n_workers: int) -> dict | None:
     if path is None:
         say(f"--resume auto: no checkpoint in {out.checkpoint_dir} yet, starting afresh")
         return None
-    theta, state = checkpoint.load(path)
-    checkpoint.check_compatible(state, cfg.as_dict(), n_workers, path)
+    ckpt = checkpoint.load(path)
+    checkpoint.check_compatible(ckpt, cfg.as_dict(), n_workers)
     if out.metrics:
-        shard_rows = state.get("rows_shards")
-        check_resumable(out.metrics, state["run_id"], path,
-                        (state["rows_updates"], state["rows_eval"], state["rows_rejected"]),
+        shard_rows = ckpt.rows_shards
+        check_resumable(out.metrics, ckpt.run_id, path, ckpt.rows,
                         [] if shard_rows is None else [int(r) for r in shard_rows])
-    return {**state, "theta": theta, "path": path,
-            "changes": checkpoint.changes(state, cfg.as_dict())}
+    ckpt.changes = checkpoint.changes(ckpt, cfg.as_dict())
+    return ckpt
 
 
-def _shard_of(comm: MPI.Intracomm, plan: object, rank: int,
-              resumed: dict | None) -> dict | None:
-    """Among the masters: rank 0 gives each shard its part of the checkpoint (θ, its clock,
-    tickets, kept s and the global proxy's m, each sliced like θ); every master returns its
-    own (rank 0 keeps the rest too)."""
-    masters = plan.masters
-    if rank == MASTER:
-        pieces = []
-        for k, (lo, hi) in enumerate(plan.bounds):
-            piece = None
-            if resumed is not None:
-                kept, proxy_m = resumed.get("kept_s"), resumed.get("proxy_m")
-                piece = {"theta": resumed["theta"][lo:hi],
-                         "clock": int(resumed["shard_clock"][k]),
-                         "tickets": int(resumed["shard_tickets"][k]),
-                         "next_seq": resumed["next_seq"],
-                         "kept_s": None if kept is None else kept[:, lo:hi],
-                         "proxy_m": None if proxy_m is None else proxy_m[lo:hi]}
-            pieces.append(piece)
-        for k in range(1, masters):
-            comm.send(pieces[k], dest=k, tag=11)
-        return None if resumed is None else {**resumed, **pieces[0]}
-    return comm.recv(source=MASTER, tag=11)
+def _shard_of(comm: MPI.Intracomm, plan: shards.Plan, rank: int,
+              resumed: checkpoint.Checkpoint | None) -> checkpoint.Checkpoint | None:
+    """Among the masters: rank 0 gives each shard its part of the checkpoint
+    (:meth:`~gem_mpi.outputs.checkpoint.Checkpoint.shard`); every master returns its own."""
+    if rank != MASTER:
+        return comm.recv(source=MASTER, tag=11)
+    pieces = [None if resumed is None else resumed.shard(k, bounds)
+              for k, bounds in enumerate(plan.bounds)]
+    for k in range(1, plan.masters):
+        comm.send(pieces[k], dest=k, tag=11)
+    return pieces[0]
 
 
-def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
+def run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint | None = None,
         result: dict | None = None) -> Outcome:
     """This rank's part of the run: the master, a worker, or a synchronous worker.
     ``result``, if given, receives on rank 0 the final θ and the model it was loaded into."""
@@ -133,21 +122,21 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
     ranks = gather_placement(comm, placement, cfg.runtime.threads, problem.quadratic is None
                              ) if cfg.monitor.verbose and cfg.method != config.SYNC else None
     n_workers = config.n_workers(cfg, comm.Get_size())
-    if resumed is not None and resumed["theta"].size != problem.n_params:
-        raise UsageError(f"--resume {resumed['path']!r} holds {resumed['theta'].size} "
+    if resumed is not None and resumed.theta.size != problem.n_params:
+        raise UsageError(f"--resume {resumed.path!r} holds {resumed.theta.size} "
                          f"parameters, this model has {problem.n_params}")
     if (resumed is not None and cfg.method == config.GEM
             and cfg.optim.gem_proxy == config.PROXY_GLOBAL
-            and getattr(resumed.get("proxy_m"), "shape", None) != (problem.n_params,)):
-        raise UsageError(f"--resume {resumed['path']!r} holds no global proxy m of "
+            and getattr(resumed.proxy_m, "shape", None) != (problem.n_params,)):
+        raise UsageError(f"--resume {resumed.path!r} holds no global proxy m of "
                          f"{problem.n_params} parameters (--gem-proxy global)")
     if cfg.method == config.SYNC:
         return run_sync(cfg, comm, problem, placement, stop, resumed, result)
     plan = shards.plan(cfg, problem, n_workers)
     soft_barrier(comm)
     # every rank learns the run's id (a new one on a fresh start) and where it resumes
-    run_id = uuid.uuid4().hex if resumed is None else resumed["run_id"]
-    start_seqs, run_id = comm.bcast((None if resumed is None else resumed["next_seq"].tolist(),
+    run_id = uuid.uuid4().hex if resumed is None else resumed.run_id
+    start_seqs, run_id = comm.bcast((None if resumed is None else resumed.next_seq.tolist(),
                                      run_id), root=MASTER)
     role = None
     comms, link = shards.connect(comm, plan)  # collective; [comm], None with one master
@@ -155,8 +144,9 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
         role = Role(rank, plan, link)
         resumed = _shard_of(comm, plan, rank, resumed)
     if rank < masters:
-        master = start_master(cfg, comms[rank], plan.layouts[rank], problem, stop, resumed,
-                              placement, run_id, ranks, role)
+        master = start_master(cfg, comms[rank], plan.layouts[rank], problem, resumed,
+                              placement, ranks, role)
+        supervise(master, cfg, problem, stop, resumed, run_id)
         outcome = master.run()
         if result is not None and rank == MASTER:
             result.update(theta=master.final_theta, summary=master.sup.summary)
@@ -168,6 +158,23 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: dict | None = None,
     # the master alone reports how the run ended; every rank exits with its code
     return OUTCOME_OF.get(code, Outcome.FAILED)
 
+
+
+def supervise(master: Master, cfg: config.Config, problem: Problem, stop: StopFlag,
+              resumed: checkpoint.Checkpoint | None, run_id: str | None = None) -> None:
+    """Give ``master`` its supervisor: a follower's on the other masters of a sharded run,
+    else the run's, with rank 0's side of the followers (the lead) when θ is sharded. Each
+    restores its part of ``resumed``."""
+    role = master.role
+    if role is not None and role.shard > 0:
+        master.attach(shards.Follower(master, role.link, role.shard, cfg.monitor.exit_timeout,
+                                      resumed))
+        return
+    sup = RunSupervisor(cfg, problem, master.n_workers, master, master.kernel_name, stop,
+                        resumed, eval_threads=master.eval_threads, run_id=run_id)
+    lead = None if role is None else shards.Lead(role.link, role.plan.masters, sup,
+                                                 master.ep.progress)
+    master.attach(sup, lead)
 
 
 def abort(comm: MPI.Intracomm, exc: BaseException) -> None:

@@ -249,13 +249,13 @@ def test_a_resume_may_change_lr_recorded_and_nothing_else(tmp_path):
         assert f"{option} was " in _one_error(res.stderr)
         assert "a resume may change only --lr" in res.stderr
     assert _sha(metrics) == before
-    _, state = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    state = checkpoint.load(checkpoint.latest(str(tmp_path)))
     res = train(WORKERS + 1, *_args(tmp_path, "--lr", "0.02", "--resume", "auto"), timeout=300)
     assert res.returncode == 0, res.stderr
     assert "--lr 0.05 -> 0.02" in res.stderr
     run = load_run(metrics)
     log = json.loads(run.attrs["resume_log"])
-    assert log[-1]["clock"] == state["clock"] and log[-1]["changes"] == {"lr": [0.05, 0.02]}
+    assert log[-1]["clock"] == state.clock and log[-1]["changes"] == {"lr": [0.05, 0.02]}
     assert run.summary["finished"] == 1.0
 
 

@@ -102,6 +102,6 @@ def test_a_worker_hung_inside_a_pull_holds_nothing_the_master_waits_for(tmp_path
     assert res.returncode != 0 and time.monotonic() - t0 < 90, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: error")]
     assert len(lines) == 1 and "worker 2 (rank 2) has sent nothing for" in lines[0], lines
-    _, state = checkpoint.load(checkpoint.latest(str(tmp_path)))
-    assert state["next_seq"][1] == 30  # worker 2 hung in the pull after its 30th update
-    assert state["next_seq"][0] == state["next_seq"][2] == 3000  # the others finished
+    state = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    assert state.next_seq[1] == 30  # worker 2 hung in the pull after its 30th update
+    assert state.next_seq[0] == state.next_seq[2] == 3000  # the others finished

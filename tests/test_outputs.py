@@ -66,8 +66,8 @@ def test_low_space_stops_cleanly_and_resume_finishes(small_fs, tmp_path):
     assert run.summary["finished"] == 0.0
     n = run.updates["clock"].size
     assert 0 < n < 60000 and np.array_equal(run.updates["clock"], np.arange(n))
-    _, state = checkpoint.load(checkpoint.latest(str(ck)))
-    assert state["clock"] == n == state["rows_updates"]
+    state = checkpoint.load(checkpoint.latest(str(ck)))
+    assert state.clock == n == state.rows_updates
     # space freed (the file system grown), the run continues in the same file to the end
     _mount("-o", "remount,size=64m", str(fs))
     res = train(3, *args, "--resume", "auto", timeout=300)

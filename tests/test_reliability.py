@@ -134,8 +134,8 @@ def test_a_stuck_worker_ends_the_job_with_a_checkpoint(tmp_path):
     assert len(lines) == 1, res.stderr
     assert "worker 2 (rank 2) has sent nothing for" in lines[0]
     assert "--resume auto continues" in lines[0] and "Traceback" not in res.stderr
-    _, state = checkpoint.load(checkpoint.latest(str(tmp_path)))
-    assert state["next_seq"][1] == 50  # worker 2's 50 updates are in, the others went on
+    state = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    assert state.next_seq[1] == 50  # worker 2's 50 updates are in, the others went on
     run = load_run(tmp_path / "run.h5")
     assert run.summary["finished"] == 0.0
-    assert run.updates["clock"].size == state["clock"]
+    assert run.updates["clock"].size == state.clock

@@ -120,8 +120,9 @@ def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path):
     assert proc.returncode == 3, err
     assert err.count("stopped by a signal at step") == 1 and "Traceback" not in err
     ck = checkpoint.latest(str(ckdir))
-    theta, state = checkpoint.load(ck)
-    assert 0 < state["clock"] < 400 and state["momentum"].shape == theta.shape
+    state = checkpoint.load(ck)
+    assert 0 < state.clock < 400 and state.momentum.shape == state.theta.shape
+    assert state.tickets is None and state.next_seq is None  # only the asynchronous have them
     res = train(2, *args, "--resume", "auto", timeout=300)
     assert res.returncode == 0, res.stderr
     assert "resuming" in res.stderr
@@ -177,8 +178,8 @@ def test_a_stuck_rank_ends_the_sync_job_with_a_checkpoint(tmp_path):
     assert len(lines) == 1, res.stderr
     assert "step 20 could not complete" in lines[0] and "--worker-timeout 4" in lines[0]
     assert "1!:" in res.stderr  # Horovod's stall report marks the stuck rank
-    _, state = checkpoint.load(checkpoint.latest(str(tmp_path)))
-    assert state["clock"] == 20 and state["momentum"] is not None
+    state = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    assert state.clock == 20 and state.momentum is not None
     assert load_run(tmp_path / "run.h5").updates["seq"].size == 20
 
 
@@ -202,8 +203,8 @@ def test_low_space_on_rank_0_ends_every_rank_at_one_step_with_a_checkpoint(tmp_p
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: error")]
     assert len(lines) == 1 and "below --min-free-mb 1e+09" in lines[0], res.stderr
     assert "free space, then --resume auto" in lines[0] and "Traceback" not in res.stderr
-    _, state = checkpoint.load(checkpoint.latest(str(ck)))
+    state = checkpoint.load(checkpoint.latest(str(ck)))
     run = load_run(tmp_path / "run.h5")
     assert run.summary["finished"] == 0.0
-    assert 0 < state["clock"] < 300 and state["rows_updates"] == state["clock"]
-    assert np.array_equal(run.updates["seq"], np.arange(state["clock"]))
+    assert 0 < state.clock < 300 and state.rows_updates == state.clock
+    assert np.array_equal(run.updates["seq"], np.arange(state.clock))

@@ -23,6 +23,7 @@ import numpy as np
 
 from gem_mpi.config import Config
 from gem_mpi.errors import GemError, UsageError
+from gem_mpi.outputs.checkpoint import Checkpoint
 from gem_mpi.problem import Problem, build_problem, flatten, load_theta, unflatten
 from gem_mpi.run.monitor import LossWatch
 from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
@@ -149,16 +150,17 @@ class SyncTrainer:
 
 
 def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Placement,
-             stop: StopFlag, resumed: dict | None, result: dict | None = None) -> Outcome:
+             stop: StopFlag, resumed: Checkpoint | None, result: dict | None = None
+             ) -> Outcome:
     """Train to the end of the data budget (or a stop); every rank returns the outcome.
     ``result``, if given, receives rank 0's final θ."""
     rank = comm.Get_rank()
     start, theta, momentum = 0, None, None
     # rank 0 alone has read the checkpoint, if any
     if comm.bcast(resumed is not None if rank == ROOT else None, root=ROOT):
-        start = comm.bcast(resumed["clock"] if rank == ROOT else None, root=ROOT)
-        theta = resumed["theta"] if rank == ROOT else np.empty(problem.n_params, np.float32)
-        momentum = (resumed["momentum"] if rank == ROOT
+        start = comm.bcast(resumed.clock if rank == ROOT else None, root=ROOT)
+        theta = resumed.theta if rank == ROOT else np.empty(problem.n_params, np.float32)
+        momentum = (resumed.momentum if rank == ROOT
                     else np.empty(problem.n_params, np.float32))
         if rank == ROOT and momentum is None:
             momentum = np.zeros(problem.n_params, np.float32)  # an asynchronous checkpoint
@@ -172,7 +174,7 @@ def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Plac
         say(f"sync on {cfg.data.model}/{cfg.data.dataset}: {n} workers, no master, Horovod "
             f"{horovod.__version__} allreduce (average), {problem.n_params} parameters, "
             f"effective batch {n} × {cfg.data.batch_size}, device {trainer.device}"
-            + (f"; resuming {resumed['path']} at step {start}" if resumed else ""))
+            + (f"; resuming {resumed.path} at step {start}" if resumed else ""))
     try:
         outcome = SyncRun(cfg, comm, problem, trainer, stop, resumed, start).run()
         if result is not None and rank == ROOT:
@@ -192,7 +194,7 @@ class SyncRun:
     noun = "step"
 
     def __init__(self, cfg: Config, comm: MPI.Intracomm, problem: Problem,
-                 trainer: SyncTrainer, stop: StopFlag, resumed: dict | None,
+                 trainer: SyncTrainer, stop: StopFlag, resumed: Checkpoint | None,
                  start: int = 0) -> None:
         self.cfg, self.comm, self.trainer, self.stop = cfg, comm, trainer, stop
         self.root = comm.Get_rank() == ROOT
@@ -219,12 +221,13 @@ class SyncRun:
         return self.trainer.theta()
 
     def state(self) -> dict:
+        """θ, the momentum buffer and the step: no tickets or next_seq, which only the
+        asynchronous methods have."""
         return {"theta": self.trainer.theta(), "momentum": self.trainer.momentum(),
-                "clock": self.step, "tickets": self.step,
-                "next_seq": np.full(self.n, self.step, np.int64)}
+                "clock": self.step}
 
-    def load_state(self, state: dict) -> None:
-        self.step = int(state["clock"])  # θ and momentum: run_sync gave them to the trainer
+    def load_state(self, ckpt: Checkpoint) -> None:
+        self.step = int(ckpt.clock)  # θ and momentum: run_sync gave them to the trainer
 
     def run(self) -> Outcome:
         if self.sup is None:

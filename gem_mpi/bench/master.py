@@ -16,6 +16,8 @@ from gem_mpi.engine.master import Master, Role
 from gem_mpi.problem import build_problem
 from gem_mpi.protocol import DONE, UPDATE, WORKER_TIME_COLUMNS
 from gem_mpi.run.rank import local_placement
+from gem_mpi.run.supervisor import StopFlag
+from gem_mpi.session import supervise
 from gem_mpi.transport import MPI, soft_barrier, start_mpi
 from gem_mpi.transport.endpoints import WorkerShards
 
@@ -66,6 +68,7 @@ def bench_master(sizes: list[int], updates: int, poll_ms: float,
                 role = Role(rank, plan, link) if link is not None else None
                 master = Master(cfg, comms[rank], plan.layouts[rank], problem, kernel,
                                 role=role)
+                supervise(master, cfg, problem, StopFlag(), None)
                 master.run()
                 if rank == 0:
                     rows.append(_row(master.sup.summary, n, n_workers, k_masters, plan,

@@ -8,6 +8,7 @@ rest (metrics, evaluation in a background thread, checkpoints, the stop checks, 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ import numpy as np
 from gem_mpi.algorithm.kernel import GemStats, Kernel, kernel_threads, node_cores_left
 from gem_mpi.algorithm.rule import MasterRule
 from gem_mpi.config import GEM, PROXY_GLOBAL, Config
-from gem_mpi.engine.shards import Follower, Lead, Link, Plan
+from gem_mpi.engine.shards import Lead, Plan
 from gem_mpi.errors import OutputError
 from gem_mpi.outputs import checkpoint
 from gem_mpi.problem import Problem
@@ -25,21 +26,30 @@ from gem_mpi.protocol import (
     DONE,
     UPDATE,
     WORKER_TIME_COLUMNS,
+    At,
+    Bye,
+    Cut,
+    End,
+    Gather,
+    Go,
+    Hold,
     Layout,
+    Piece,
+    ShardState,
+    State,
 )
 from gem_mpi.run.rank import Placement, RankPlace, placement_line
 from gem_mpi.run.supervisor import (
     EXIT_CODES,
-    OUTCOME_OF,
     SHUTDOWN,
     Outcome,
-    RunSupervisor,
-    StopFlag,
+    Supervisor,
     Verdict,
     say,
 )
-from gem_mpi.transport import MPI
+from gem_mpi.transport import MPI, Backoff
 from gem_mpi.transport.endpoints import MasterEndpoint
+from gem_mpi.transport.link import MessageLink
 
 
 @dataclass
@@ -66,7 +76,7 @@ class Role:
 
     shard: int
     plan: Plan
-    link: Link
+    link: MessageLink
 
 
 class Master:
@@ -80,11 +90,12 @@ class Master:
     CHECK_S = 1e-3
 
     def __init__(self, cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
-                 kernel: Kernel, stop: StopFlag | None = None, resumed: dict | None = None,
-                 eval_threads: int | None = None, run_id: str | None = None,
-                 role: Role | None = None) -> None:
+                 kernel: Kernel, resumed: checkpoint.Checkpoint | None = None,
+                 eval_threads: int | None = None, role: Role | None = None) -> None:
         """``role``: with --masters K > 1, this master's shard (``resumed`` then holds this
-        shard's θ, clock, tickets and kept s, the rest as the checkpoint has it)."""
+        shard's θ, clock, tickets and kept s, the rest as the checkpoint has it). θ, its
+        version and the tickets of ``resumed`` go to the windows; the supervisor given to
+        :meth:`attach` restores the rest (:meth:`load_state`)."""
         self.n_workers = layout.n_workers
         self.clock = 0
         self.next_seq = np.zeros(self.n_workers, np.int64)
@@ -95,9 +106,9 @@ class Master:
         # a resumed θ, its version and the ticket count go to the windows as they open (a
         # worker pulls at once); load_state restores the rest
         self.ep = MasterEndpoint(comm, layout,
-                                 resumed["theta"] if resumed else problem.theta0[lo:hi],
-                                 version0=resumed["clock"] if resumed else 0,
-                                 ticket0=resumed["tickets"] if resumed else 0,
+                                 resumed.theta if resumed else problem.theta0[lo:hi],
+                                 version0=resumed.clock if resumed else 0,
+                                 ticket0=resumed.tickets if resumed else 0,
                                  zero=kernel.zero)  # θ and the mailboxes: first touch
         self.rule = MasterRule(cfg.optim, kernel, hi - lo, self.n_workers)
         self.verbose = cfg.monitor.verbose
@@ -110,18 +121,21 @@ class Master:
         self.worker_time = np.full((self.n_workers, len(WORKER_TIME_COLUMNS)), np.nan)
         self.recent_staleness = 0.0
         self.final_theta: np.ndarray | None = None  # θ once the run ended (rank 0's result)
+        self.kernel_name = kernel.name
+        self.eval_threads = eval_threads  # the evaluation's torch threads (the lead's)
         self.lead: Lead | None = None  # rank 0 of a sharded run: its side of the followers
-        if role is not None and role.shard > 0:
-            self.sup = Follower(self, role.link, role.shard, self.exit_timeout)
-            if resumed:
-                self.load_state(resumed)
-        else:
-            self.sup = RunSupervisor(cfg, problem, self.n_workers, self, kernel.name,
-                                     stop if stop is not None else StopFlag(), resumed,
-                                     eval_threads=eval_threads, run_id=run_id)
-            if role is not None:
-                self.lead = Lead(role.link, role.plan.masters, self.sup, self.ep.progress)
-        self.clock0 = self.clock  # where this run (or this resume of it) started
+        self.sup: Supervisor | None = None  # given by attach(), before run()
+        self.clock0 = 0  # where this run (or this resume of it) started
+
+    def attach(self, sup: Supervisor, lead: Lead | None = None) -> None:
+        """The supervisor this master reports to and asks between batches: the run's (rank
+        0) or a follower's (another shard's master); ``lead``: rank 0's side of the
+        followers. The supervisor has restored a resumed state by now."""
+        self.sup, self.lead = sup, lead
+        self.clock0 = self.clock
+
+    def idle_backoff(self, first: float = 20e-6, limit: float = 5e-3) -> Backoff:
+        return self.ep.idle_backoff(first, limit)
 
     # --- the engine, as the supervisor drives it --------------------------------------------
     @property
@@ -133,53 +147,43 @@ class Master:
         if self.lead is None:
             return self.ep.theta
         if self._all_done():
-            pieces = [self.lead.finals[k]["theta"] for k in self.lead.followers]
+            pieces = [s.theta for s in self.lead.final_states()]
         else:
-            self.lead.send_all(("theta",))
-            pieces = self.lead.collect("piece")
+            self.lead.send_all(Gather())
+            pieces = [p.theta for p in self.lead.collect(Piece)]
         return np.concatenate([self.ep.theta, *pieces])
 
     def _all_done(self) -> bool:
-        return (self.done == self.n_workers and self.lead is not None
-                and len(self.lead.finals) == len(self.lead.followers))
+        return self.done == self.n_workers and self.lead is not None and self.lead.all_final()
 
-    def shard_state(self) -> dict:
-        """This shard's part of a checkpoint (copies: the shard goes on after it)."""
+    def shard_state(self, copy: bool = True) -> ShardState:
+        """This master's part of a checkpoint (``copy``: the shard goes on after it)."""
         kept, proxy_m = self.rule.kept(self.ep.payloads), self.rule.proxy_m
-        return {"theta": self.ep.theta.copy(), "clock": self.clock,
-                "tickets": self.ep.tickets_drawn(), "next_seq": self.next_seq.copy(),
-                "kept_s": None if kept is None else kept.copy(),
-                "proxy_m": None if proxy_m is None else proxy_m.copy(),
-                "rejected": sum(self.rejected.values())}
+        own = (lambda a: None if a is None else a.copy()) if copy else (lambda a: a)
+        return ShardState(own(self.ep.theta), self.clock, self.ep.tickets_drawn(),
+                                     own(self.next_seq), own(kept), own(proxy_m))
 
     def state(self) -> dict:
+        """The engine's fields of a checkpoint (θ, clock, tickets, next_seq, s, m; sharded,
+        every shard's at one cut, with each shard's clock and tickets)."""
         if self.lead is None:
-            return {"theta": self.ep.theta, "clock": self.clock,
-                    "tickets": self.ep.tickets_drawn(), "next_seq": self.next_seq,
-                    "kept_s": self.rule.kept(self.ep.payloads), "proxy_m": self.rule.proxy_m}
+            return dataclasses.asdict(self.shard_state(copy=False))
         others = self._cut()  # catches this shard up to the cut too
-        parts = [self.shard_state(), *others]
-        kept, proxy_m = [p["kept_s"] for p in parts], [p["proxy_m"] for p in parts]
-        return {"theta": np.concatenate([p["theta"] for p in parts]), "clock": self.clock,
-                "tickets": parts[0]["tickets"], "next_seq": self.next_seq,
-                "kept_s": None if kept[0] is None else np.concatenate(kept, axis=1),
-                "proxy_m": None if proxy_m[0] is None else np.concatenate(proxy_m),
-                "shard_clock": np.array([p["clock"] for p in parts], np.int64),
-                "shard_tickets": np.array([p["tickets"] for p in parts], np.int64)}
+        return ShardState.join([self.shard_state(), *others])
 
-    def _cut(self) -> list[dict]:
+    def _cut(self) -> list[ShardState]:
         """The followers' parts at one consistent cut: every shard holds exactly the same
         updates (see gem_mpi.engine.shards). Raises OutputError when a shard cannot reach it
         within --exit-timeout (a worker died or hangs between two of its posts)."""
         lead = self.lead
         if self._all_done():
-            return [lead.finals[k] for k in lead.followers]
-        lead.send_all(("hold",))
-        target = np.max([self.next_seq, *lead.collect("at")], axis=0)
+            return lead.final_states()
+        lead.send_all(Hold())
+        target = np.max([self.next_seq, *[a.next_seq for a in lead.collect(At)]], axis=0)
         reached = self.catch_up(target, self.exit_timeout)
-        lead.send_all(("cut", target))
-        states = lead.collect("state")
-        lead.send_all(("go",))
+        lead.send_all(Cut(target))
+        states = [s.state for s in lead.collect(State)]
+        lead.send_all(Go())
         if not reached or any(st is None for st in states):
             raise OutputError(f"checkpoint at update {self.clock}: the {lead.masters} shards "
                               f"did not reach one consistent cut within --exit-timeout "
@@ -204,22 +208,22 @@ class Master:
                 backoff.wait()
         return True
 
-    def load_state(self, state: dict) -> None:
-        """A resumed shard's state (sharded: ``state`` holds this shard's own clock, s and
-        slice of the global proxy's m)."""
-        self.clock = int(state["clock"])
-        self.next_seq = np.array(state["next_seq"], dtype=np.int64)
+    def load_state(self, ckpt: checkpoint.Checkpoint) -> None:
+        """Continue from a checkpoint (sharded: this shard's part of it, with its own clock,
+        s and slice of the global proxy's m)."""
+        self.clock = int(ckpt.clock)
+        self.next_seq = np.array(ckpt.next_seq, dtype=np.int64)
         kept = self.rule.kept(self.ep.payloads)
-        if kept is not None and state.get("kept_s") is not None:
-            kept[...] = state["kept_s"]  # before any message is taken
+        if kept is not None and ckpt.kept_s is not None:
+            kept[...] = ckpt.kept_s  # before any message is taken
         proxy_m = self.rule.proxy_m
         if proxy_m is not None:  # the global proxy's m (session checked the checkpoint has it)
-            proxy_m[...] = state["proxy_m"]
+            proxy_m[...] = ckpt.proxy_m
 
     def run(self) -> Outcome:
         """Serve until every worker is done or the run ends otherwise; tell the workers, and
         end the job within --exit-timeout seconds whatever they do."""
-        if isinstance(self.sup, Follower):
+        if self.role is not None and self.role.shard > 0:
             return self._run_follower()
         outcome = self.sup.run()
         if outcome is Outcome.STUCK:  # checkpointed and said: a stuck rank would never
@@ -232,8 +236,8 @@ class Master:
             outcome = Outcome.FAILED
         self.final_theta = self.theta().copy()  # θ's window is freed at the shutdown
         if self.lead is not None:  # the followers end with the same word, once said
-            self.lead.send_all(("end", SHUTDOWN.get(outcome, ABORTED)))
-            self.lead.collect("bye")
+            self.lead.send_all(End(SHUTDOWN.get(outcome, ABORTED)))
+            self.lead.collect(Bye)
         missing = self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED), self.exit_timeout)
         if missing:
             code = EXIT_CODES[outcome]
@@ -245,11 +249,8 @@ class Master:
 
     def _run_follower(self) -> Outcome:
         """A follower's run: its loop, then the lead's word, then the shutdown of its shard."""
-        word = self.sup.run()
-        self.role.link.send(0, ("bye", None))  # after every row: the lead has them all
-        self.role.link.flush()
-        outcome = OUTCOME_OF.get(word, Outcome.FAILED)
-        missing = self.ep.shutdown(word, self.exit_timeout)
+        outcome = self.sup.run()  # its rows all sent, and its goodbye said
+        missing = self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED), self.exit_timeout)
         if missing:
             say(f"error: worker(s) {', '.join(map(str, missing))} did not leave shard "
                 f"{self.role.shard} within --exit-timeout {self.exit_timeout:g} s: stuck; "
@@ -406,9 +407,9 @@ class Master:
                "master_cpu_s": self.cpu_s}
         if self.lead is not None and self._all_done():  # each shard's clock and rejections
             finals = [self.lead.finals[k] for k in self.lead.followers]
-            out["shard_clock"] = np.array([self.clock, *[f["clock"] for f in finals]])
+            out["shard_clock"] = np.array([self.clock, *[f.state.clock for f in finals]])
             out["shard_rejected"] = np.array([out["rejected"],
-                                              *[f["rejected"] for f in finals]])
+                                              *[f.summary["rejected"] for f in finals]])
         return out
 
     def done_line(self, s: dict) -> str:
@@ -422,8 +423,8 @@ class Master:
 
 
 def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
-                 stop: StopFlag, resumed: dict | None, placement: Placement,
-                 run_id: str, ranks: list[RankPlace] | None = None,
+                 resumed: checkpoint.Checkpoint | None, placement: Placement,
+                 ranks: list[RankPlace] | None = None,
                  role: Role | None = None) -> Master:
     """A master's part of an asynchronous run, set up: its kernel and the kernel's threads,
     the evaluation's threads, and on rank 0 the start-up line (and, given every rank's
@@ -438,40 +439,38 @@ def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Prob
                     threads=kernel_threads(placement.local_size, placement.local_masters))
     eval_threads = node_cores_left(placement.local_size, placement.local_masters)
     if role is not None and role.shard > 0:
-        return Master(cfg, comm, layout, problem, kernel, stop, resumed, eval_threads,
-                      run_id=run_id, role=role)
+        return Master(cfg, comm, layout, problem, kernel, resumed, eval_threads, role)
     masters = "1 master" if role is None else (
         f"{role.plan.masters} masters (θ's shards: "
         + ", ".join(f"{hi - lo}" for lo, hi in role.plan.bounds) + " parameters)")
     say(f"{cfg.method} on {cfg.data.model}/{cfg.data.dataset}: {masters} + "
         f"{layout.n_workers} workers, {problem.n_params} parameters, master kernel: "
         f"{kernel.name}"
-        + (f"; resuming {resumed['path']} at update {resumed['clock']}"
+        + (f"; resuming {resumed.path} at update {resumed.clock}"
            + _changes_note(resumed) + _momentum_note(cfg, resumed) if resumed else ""))
     # the evaluation's torch threads: the same cores. The evaluation runs in a background
     # thread every --eval-every updates and time-shares them with the kernel; the kernel's
     # pool sleeps between updates, so a master waiting for updates leaves them all to it.
     if ranks is not None:
         say(placement_line(ranks, kernel.threads, eval_threads))
-    return Master(cfg, comm, layout, problem, kernel, stop, resumed, eval_threads,
-                  run_id=run_id, role=role)
+    return Master(cfg, comm, layout, problem, kernel, resumed, eval_threads, role)
 
 
-def _changes_note(state: dict) -> str:
+def _changes_note(ckpt: checkpoint.Checkpoint) -> str:
     """The settings this resume changes, for the start-up line (the metrics file keeps them)."""
     return "".join(f", --{k.replace('_', '-')} {a!r} -> {b!r}"
-                   for k, (a, b) in state["changes"].items())
+                   for k, (a, b) in ckpt.changes.items())
 
 
-def _momentum_note(cfg: Config, state: dict) -> str:
+def _momentum_note(cfg: Config, ckpt: checkpoint.Checkpoint) -> str:
     """How many GEM workers will find the momentum they saved when the run was stopped."""
     if cfg.method != GEM:
         return ""
     if cfg.optim.gem_proxy == PROXY_GLOBAL:
         return ", the global proxy's m restored from the checkpoint"
-    directory, seqs = cfg.outputs.checkpoint_dir, state["next_seq"]
+    directory, seqs = cfg.outputs.checkpoint_dir, ckpt.next_seq
     found = sum(
-        checkpoint.load_worker_momentum(directory, w + 1, int(seqs[w]), state["run_id"])
+        checkpoint.load_worker_momentum(directory, w + 1, int(seqs[w]), ckpt.run_id)
         is not None for w in range(len(seqs)) if seqs[w] > 0
     ) if directory else 0
     return f", worker momentum restored for {found} of {len(seqs)} workers (the rest start at 0)"

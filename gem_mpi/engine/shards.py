@@ -12,13 +12,18 @@ and this update).
 
 Rank 0 (the lead) runs the run: the metrics file, evaluation, checkpoints and every
 decision (stop, divergence, output failure, a stuck worker, how the run ended). The other
-masters (followers) only apply, and talk to the lead over a private duplicate of the world
-communicator, in pickled messages that are never on the data path:
+masters (followers) only apply, and talk to the lead over the masters' link
+(:mod:`gem_mpi.transport.link`) in the typed messages of :mod:`gem_mpi.protocol`, never on
+the data path:
 
-    follower -> lead   rows (its metrics rows, every batch or two), at (its next_seq),
-                       state (its part of a checkpoint), piece (its θ), final (its part at
-                       the end), diverged (its θ is not finite)
-    lead -> follower   hold, cut (to a target next_seq), go, theta, end (the stop word)
+    follower -> lead   Rows (its metrics rows, every quarter second or so), At (its
+                       next_seq), State (its part of a checkpoint), Piece (its θ), Final (its
+                       part at the end), Diverged (its θ is not finite), Bye (after End)
+    lead -> follower   Hold, Cut (to a target next_seq), Go, Gather (θ), End (the stop word)
+
+A follower is its master's supervisor (:class:`Follower` satisfies
+:class:`gem_mpi.run.supervisor.Supervisor`, as the run's supervisor on the lead does): the
+engine calls the same methods whichever it has.
 
 A consistent checkpoint (every shard has applied exactly the same updates) is one cut:
 the lead holds every shard (hold: a shard stops taking messages and says where it is),
@@ -32,22 +37,40 @@ already posted (or on its way) to the shard behind.
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from gem_mpi.config import Config
+from gem_mpi.outputs.checkpoint import Checkpoint
 from gem_mpi.problem import Problem
-from gem_mpi.protocol import Layout, layout, shard_cut
+from gem_mpi.protocol import (
+    At,
+    Bye,
+    Cut,
+    Diverged,
+    End,
+    Final,
+    Gather,
+    Go,
+    Hold,
+    Layout,
+    Piece,
+    Rows,
+    ShardState,
+    State,
+    layout,
+    shard_cut,
+)
 from gem_mpi.run.supervisor import OUTCOME_OF, Outcome, Verdict
-from gem_mpi.transport import MPI
+from gem_mpi.transport import MPI, Backoff
 from gem_mpi.transport.endpoints import shard_comm
+from gem_mpi.transport.link import Link, MessageLink
 
 LEAD = 0
-TAG = 7
 
 
 @dataclass(frozen=True)
@@ -97,52 +120,37 @@ def connect(comm: MPI.Intracomm, plan: Plan) -> tuple[list[MPI.Intracomm], Link 
     return comms, Link(comm)
 
 
-class Link:
-    """Pickled messages between the lead and the followers, on a private communicator
-    (collective to make: every rank, in the same order). Sends are non-blocking (their
-    requests are kept until completed); receives are polled."""
+class ShardEngine(Protocol):
+    """What a follower drives of its master (:class:`gem_mpi.engine.master.Master`)."""
 
-    def __init__(self, comm: MPI.Intracomm) -> None:
-        self.comm = comm.Dup()
-        self._sent: list[tuple[MPI.Request, bytes]] = []
+    next_seq: np.ndarray
 
-    def send(self, dest: int, msg: tuple) -> None:
-        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        self._sent = [(r, d) for r, d in self._sent if not r.Test()]
-        # the buffer is kept with its request until the send completes
-        self._sent.append((self.comm.Isend([data, MPI.BYTE], dest, TAG), data))
+    def loop(self) -> Verdict: ...
 
-    def poll(self, source: int = MPI.ANY_SOURCE) -> tuple[int, tuple] | None:
-        """(source, message) of one pending message, or None."""
-        status = MPI.Status()
-        if not self.comm.Iprobe(source, TAG, status):
-            return None
-        buf = bytearray(status.Get_count(MPI.BYTE))
-        self.comm.Recv([buf, MPI.BYTE], status.Get_source(), TAG)
-        return status.Get_source(), pickle.loads(buf)
+    def theta(self) -> np.ndarray: ...
 
-    def flush(self) -> None:
-        """Wait (asleep) until every send has been received."""
-        while self._sent:
-            self._sent = [(r, d) for r, d in self._sent if not r.Test()]
-            if self._sent:
-                time.sleep(100e-6)
+    def load_state(self, ckpt: Checkpoint) -> None: ...
 
-    def free(self) -> None:
-        self.flush()
-        self.comm.Free()
+    def shard_state(self, copy: bool = True) -> ShardState: ...
+
+    def catch_up(self, target: np.ndarray, timeout_s: float) -> bool: ...
+
+    def summary(self) -> dict: ...
+
+    def idle_backoff(self, first: float = 20e-6, limit: float = 5e-3) -> Backoff: ...
 
 
 class Follower:
-    """A follower master's supervisor: what :class:`gem_mpi.engine.master.Master` calls on
-    its supervisor, answered for a shard that decides nothing. Its rows go to the lead (which
-    writes them into the metrics file's ``shard<k>`` table), its θ is watched for values
-    that are not finite (the lead then ends the run as diverged), and between batches it
-    answers the lead: hold, cut, go, theta, end. ``run`` returns the lead's stop word."""
+    """A follower master's supervisor: what the engine calls on its supervisor, answered for
+    a shard that decides nothing. Its rows go to the lead (which writes them into the
+    metrics file's ``shard<k>`` table), its θ is watched for values that are not finite
+    (the lead then ends the run as diverged), and between batches it answers the lead.
+    ``run`` returns the outcome of the lead's stop word."""
 
     ROWS_EVERY_S = 0.25
 
-    def __init__(self, engine: object, link: Link, shard: int, exit_timeout: float) -> None:
+    def __init__(self, engine: ShardEngine, link: MessageLink, shard: int,
+                 exit_timeout: float, resumed: Checkpoint | None = None) -> None:
         self.engine, self.link, self.shard = engine, link, shard
         self.exit_timeout = exit_timeout
         self.recording = True
@@ -154,6 +162,8 @@ class Follower:
         self._sent_at = time.monotonic()
         self._reported = False  # θ found not finite, and said
         self.t0 = time.perf_counter()
+        if resumed is not None:
+            engine.load_state(resumed)
 
     # --- what the engine calls --------------------------------------------------------------
     def heard(self, worker: int, finished: bool = False) -> None:
@@ -172,8 +182,8 @@ class Follower:
                 norm = float(np.dot(theta, theta))
             if not np.isfinite(norm):
                 self._reported = True
-                why = f"θ of shard {self.shard} holds values that are not finite"
-                self.link.send(LEAD, ("diverged", why))
+                self.link.send(LEAD, Diverged(f"θ of shard {self.shard} holds values that "
+                                              "are not finite"))
 
     def eval_due(self, position: int) -> bool:
         return False
@@ -187,35 +197,10 @@ class Follower:
     def since_start(self, t: float) -> float:
         return t - self.t0
 
-    # --- talking to the lead ----------------------------------------------------------------
-    def _send_rows(self, now: bool = False) -> None:
-        if self._rows and (now or time.monotonic() - self._sent_at > self.ROWS_EVERY_S):
-            self.link.send(LEAD, ("rows", self._rows))
-            self._rows = []
-            self._sent_at = time.monotonic()
-
-    def _handle(self, msg: tuple) -> None:
-        kind = msg[0]
-        engine = self.engine
-        if kind == "hold":
-            self.held = True
-            self._send_rows(now=True)
-            self.link.send(LEAD, ("at", engine.next_seq.copy()))
-        elif kind == "cut":
-            reached = engine.catch_up(msg[1], self.exit_timeout)
-            self._send_rows(now=True)  # the rows up to the cut come before its state
-            self.link.send(LEAD, ("state", engine.shard_state() if reached else None))
-        elif kind == "go":
-            self.held = False
-        elif kind == "theta":
-            self.link.send(LEAD, ("piece", engine.ep.theta.copy()))
-        elif kind == "end":
-            self.word = msg[1]
-
-    def between_batches(self) -> object:
+    def between_batches(self) -> Verdict | None:
         """None: go on; else the run has ended (the lead said its stop word)."""
         self._send_rows()
-        backoff = self.engine.ep.idle_backoff()
+        backoff = self.engine.idle_backoff()
         while self.word is None:
             got = self.link.poll(LEAD)
             if got is not None:
@@ -226,15 +211,15 @@ class Follower:
             backoff.wait()  # held: the mailboxes wait, MPI progresses
         return Verdict(OUTCOME_OF.get(self.word, Outcome.FAILED), "the lead's word")
 
-    def run(self) -> int:
+    def run(self) -> Outcome:
         """The shard's loop; at its end (every worker done) its final part goes to the lead,
-        then it answers the lead until the lead's stop word, which it returns."""
+        then it answers the lead until the lead's stop word. Its rows all sent, it says
+        goodbye and returns the word's outcome."""
         self.engine.loop()
         if self.word is None:
             self._send_rows(now=True)
-            self.link.send(LEAD, ("final", {**self.engine.shard_state(),
-                                            **self.engine.summary()}))
-            backoff = self.engine.ep.idle_backoff(first=50e-6, limit=5e-3)
+            self.link.send(LEAD, Final(self.engine.shard_state(), self.engine.summary()))
+            backoff = self.engine.idle_backoff(first=50e-6, limit=5e-3)
             while self.word is None:
                 got = self.link.poll(LEAD)
                 if got is not None:
@@ -242,7 +227,44 @@ class Follower:
                 else:
                     backoff.wait()
         self._send_rows(now=True)
-        return self.word
+        self.link.send(LEAD, Bye())  # after every row: the lead has them all
+        self.link.flush()
+        return OUTCOME_OF.get(self.word, Outcome.FAILED)
+
+    # --- talking to the lead ----------------------------------------------------------------
+    def _send_rows(self, now: bool = False) -> None:
+        if self._rows and (now or time.monotonic() - self._sent_at > self.ROWS_EVERY_S):
+            self.link.send(LEAD, Rows(self._rows))
+            self._rows = []
+            self._sent_at = time.monotonic()
+
+    def _handle(self, msg: object) -> None:
+        engine = self.engine
+        match msg:
+            case Hold():
+                self.held = True
+                self._send_rows(now=True)
+                self.link.send(LEAD, At(engine.next_seq.copy()))
+            case Cut(target=target):
+                reached = engine.catch_up(target, self.exit_timeout)
+                self._send_rows(now=True)  # the rows up to the cut come before its state
+                self.link.send(LEAD, State(engine.shard_state() if reached else None))
+            case Go():
+                self.held = False
+            case Gather():
+                self.link.send(LEAD, Piece(engine.theta().copy()))
+            case End(word=word):
+                self.word = word
+            case _:
+                raise TypeError(f"shard {self.shard}: unexpected message {msg!r} from the lead")
+
+
+class LeadSupervisor(Protocol):
+    """What the lead needs of the run's supervisor."""
+
+    def record_shard_update(self, shard: int, row: dict) -> None: ...
+
+    def shard_diverged(self, why: str) -> None: ...
 
 
 class Lead:
@@ -250,58 +272,61 @@ class Lead:
     into the run's verdict, and the collective moves (the cut of a checkpoint, θ gathered for
     an evaluation, the end)."""
 
-    def __init__(self, link: Link, masters: int, sup: object, progress: object) -> None:
+    def __init__(self, link: MessageLink, masters: int, sup: LeadSupervisor,
+                 progress: Callable[[], object]) -> None:
         self.link, self.masters, self.sup = link, masters, sup
         self.followers = list(range(1, masters))
-        self.progress = progress
-        self.replies: dict[str, dict[int, object]] = {}
-        self.finals: dict[int, dict] = {}
+        self.progress = progress  # rank 0's MPI progress, before each sleep of its waits
+        self.replies: dict[type, dict[int, object]] = {}
+        self.finals: dict[int, Final] = {}
 
     def drain(self) -> None:
-        """Take every message the followers sent: rows, divergence, replies."""
-        while True:
-            got = self.link.poll()
-            if got is None:
-                return
+        """Take every message the followers sent: rows, divergence, finals, replies."""
+        while (got := self.link.poll()) is not None:
             source, msg = got
-            kind = msg[0]
-            if kind == "rows":
-                for table, row in msg[1]:
-                    if table == "update":
-                        self.sup.record_shard_update(source, row)
-            elif kind == "diverged":
-                if self.sup.losses.diverged is None:
-                    self.sup.losses.diverged = msg[1]
-            elif kind == "final":
-                self.finals[source] = msg[1]
-            else:
-                self.replies.setdefault(kind, {})[source] = msg[1]
+            match msg:
+                case Rows(rows=rows):
+                    for table, row in rows:
+                        if table == "update":
+                            self.sup.record_shard_update(source, row)
+                case Diverged(why=why):
+                    self.sup.shard_diverged(why)
+                case Final():
+                    self.finals[source] = msg
+                case At() | State() | Piece() | Bye():
+                    self.replies.setdefault(type(msg), {})[source] = msg
+                case _:
+                    raise TypeError(f"the lead got an unexpected message {msg!r} from "
+                                    f"shard {source}")
 
-    def send_all(self, msg: tuple) -> None:
+    def send_all(self, msg: object) -> None:
         for k in self.followers:
             self.link.send(k, msg)
 
-    def collect(self, kind: str) -> list[object]:
-        """One reply of ``kind`` from each follower, in shard order; waits asleep, making MPI
-        progress for the workers' operations on rank 0 meanwhile."""
-        backoff_s = 20e-6
+    def collect(self, kind: type) -> list:
+        """One reply of class ``kind`` from each follower, in shard order; waits asleep,
+        making MPI progress for the workers' operations on rank 0 meanwhile."""
+        backoff = Backoff(20e-6, 1e-3, progress=self.progress)
         while True:
             self.drain()
             got = self.replies.get(kind, {})
             if all(k in got for k in self.followers):
                 return [got.pop(k) for k in self.followers]
-            self.progress()
-            time.sleep(backoff_s)
-            backoff_s = min(2 * backoff_s, 1e-3)
+            backoff.wait()
+
+    def all_final(self) -> bool:
+        return len(self.finals) == len(self.followers)
 
     def wait_finals(self) -> None:
-        backoff_s = 50e-6
-        while len(self.finals) < len(self.followers):
+        backoff = Backoff(50e-6, 2e-3, progress=self.progress)
+        while not self.all_final():
             self.drain()
-            if len(self.finals) < len(self.followers):
-                self.progress()
-                time.sleep(backoff_s)
-                backoff_s = min(2 * backoff_s, 2e-3)
+            if not self.all_final():
+                backoff.wait()
+
+    def final_states(self) -> list[ShardState]:
+        return [self.finals[k].state for k in self.followers]
 
 
-__all__ = ["LEAD", "Follower", "Lead", "Link", "Plan", "connect", "plan"]
+__all__ = ["LEAD", "Follower", "Lead", "LeadSupervisor", "Plan", "ShardEngine", "connect",
+           "plan"]

@@ -1,8 +1,12 @@
 """Checkpoints of the master's state, so a stopped or crashed job loses minutes, not hours.
 
-A checkpoint is an HDF5 file (no pickle): the central parameters θ, the master clock and
-ticket counter, each worker's next update number (its place in its data budget), how many
-rows the metrics file held, the seconds already trained, and the run's configuration.
+A checkpoint is one :class:`Checkpoint`, written as an HDF5 file (no pickle): the central
+parameters θ, the master clock and ticket counter, each worker's next update number (its
+place in its data budget), how many rows the metrics file held, the seconds already trained,
+and the run's configuration. The run's stateful parts (the engine, the metrics file, the
+supervisor) each give their own fields when one is saved and read their own on a resume; a
+sharded run's checkpoint is every shard's state joined (:class:`gem_mpi.protocol.ShardState`)
+and is sliced again per shard (:meth:`Checkpoint.shard`).
 No RNG state needs storing: every random draw (θ₀, each worker's shuffles, dropout masks)
 is a function of (--seed, worker, epoch or step), so a resumed worker draws what the
 uninterrupted one would have.
@@ -34,6 +38,8 @@ import json
 import os
 import re
 import sys
+from dataclasses import dataclass, field
+from typing import Any
 
 import h5py
 import numpy as np
@@ -42,13 +48,9 @@ from gem_mpi.config import DataConfig, OptimConfig
 from gem_mpi.errors import OutputError, UsageError
 from gem_mpi.outputs.files import atomic_write, os_reason
 
-FORMAT = 2  # 2: run id and checksums
+FORMAT = 3  # 3: a synchronous run stores no tickets or next_seq (it has none)
 NAME = "checkpoint_{clock:012d}.h5"
 _PATTERN = re.compile(r"checkpoint_(\d{12})\.h5$")
-# momentum: sync's; kept_s: GEM paper's s; proxy_m: the master's m of GEM's global proxy;
-# shard_*, rows_shards: --masters K > 1
-ARRAYS = ("theta", "next_seq", "momentum", "kept_s", "proxy_m", "shard_clock", "shard_tickets",
-          "rows_shards")
 # Settings a resume may change: η (a new learning rate after a stop is a common wish; each
 # worker's Δθ simply uses the new one) and where the data lives. Every other option of the
 # update rule and of the data must match, since the state in the checkpoint (θ, each
@@ -60,33 +62,81 @@ MUST_MATCH = tuple(f.name for sec in (OptimConfig, DataConfig) for f in dataclas
 RECORDED = tuple(f.name for sec in (OptimConfig, DataConfig) for f in dataclasses.fields(sec))
 
 
+@dataclass
+class Checkpoint:
+    """Everything a resume continues from. The engine, the metrics file and the supervisor
+    each give their own fields when one is saved (:class:`gem_mpi.run.supervisor.Checkpointer`)
+    and read their own when the run resumes; what a method does not have stays None (a
+    synchronous run has no tickets or next_seq, an asynchronous one no momentum buffer)."""
+
+    theta: np.ndarray
+    clock: int  # updates applied (synchronous: steps done)
+    run_id: str
+    elapsed_s: float  # seconds already trained
+    config: dict  # the run's settings (Config.as_dict())
+    n_workers: int
+    rows_updates: int = 0  # rows of each metrics table on disk at the checkpoint
+    rows_eval: int = 0
+    rows_rejected: int = 0
+    rows_shards: np.ndarray | None = None  # --masters K > 1: rows of the shard<k> tables
+    tickets: int | None = None  # tickets drawn (asynchronous)
+    next_seq: np.ndarray | None = None  # each worker's next update number (asynchronous)
+    kept_s: np.ndarray | None = None
+    proxy_m: np.ndarray | None = None
+    momentum: np.ndarray | None = None  # synchronous: the optimizer's momentum buffer
+    shard_clock: np.ndarray | None = None  # --masters K > 1: each shard's clock and tickets
+    shard_tickets: np.ndarray | None = None
+    path: str = ""  # where it was loaded from (not stored)
+    changes: dict[str, list] = field(default_factory=dict)  # what this resume changes
+
+    @property
+    def rows(self) -> tuple[int, int, int]:
+        return self.rows_updates, self.rows_eval, self.rows_rejected
+
+    def shard(self, k: int, bounds: tuple[int, int]) -> Checkpoint:
+        """Master ``k``'s part of a sharded run's checkpoint: θ, s and m sliced to its
+        elements ``bounds``, its own clock and tickets; the rest as it is."""
+        lo, hi = bounds
+        return dataclasses.replace(
+            self, theta=self.theta[lo:hi].copy(), clock=int(self.shard_clock[k]),
+            tickets=int(self.shard_tickets[k]),
+            kept_s=None if self.kept_s is None else self.kept_s[:, lo:hi].copy(),
+            proxy_m=None if self.proxy_m is None else self.proxy_m[lo:hi].copy(),
+            shard_clock=None, shard_tickets=None)
+
+
+ARRAYS = ("theta", "next_seq", "momentum", "kept_s", "proxy_m", "shard_clock", "shard_tickets",
+          "rows_shards")
+_INTS = ("clock", "rows_updates", "rows_eval", "rows_rejected", "n_workers")
+
+
 def _sha256(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).reshape(-1)).hexdigest()
 
 
-def _write(tmp: str, theta: np.ndarray, state: dict) -> None:
-    arrays = {"theta": theta, "next_seq": np.asarray(state["next_seq"], dtype=np.int64),
-              "momentum": state.get("momentum"), "kept_s": state.get("kept_s"),
-              "proxy_m": state.get("proxy_m"),
-              **{k: state.get(k) for k in ("shard_clock", "shard_tickets", "rows_shards")}}
+def _write(tmp: str, ckpt: Checkpoint) -> None:
     with h5py.File(tmp, "w") as f:
         f.attrs["gem_mpi_checkpoint"] = FORMAT
-        f.attrs["run_id"] = state["run_id"]
-        for name, value in arrays.items():
+        f.attrs["run_id"] = ckpt.run_id
+        for name in ARRAYS:
+            value = getattr(ckpt, name)
             if value is not None:
+                if name == "next_seq":
+                    value = np.asarray(value, dtype=np.int64)
                 f.create_dataset(name, data=value).attrs["sha256"] = _sha256(value)
-        for key in ("clock", "tickets", "rows_updates", "rows_eval", "rows_rejected"):
-            f.attrs[key] = int(state[key])
-        f.attrs["elapsed_s"] = float(state["elapsed_s"])
-        f.attrs["config"] = json.dumps(state["config"], sort_keys=True)
-        f.attrs["n_workers"] = int(state["n_workers"])
+        for key in _INTS:
+            f.attrs[key] = int(getattr(ckpt, key))
+        if ckpt.tickets is not None:
+            f.attrs["tickets"] = int(ckpt.tickets)
+        f.attrs["elapsed_s"] = float(ckpt.elapsed_s)
+        f.attrs["config"] = json.dumps(ckpt.config, sort_keys=True)
 
 
-def save(directory: str, theta: np.ndarray, state: dict) -> str:
+def save(directory: str, ckpt: Checkpoint) -> str:
     """Write a checkpoint atomically and drop the older ones; returns its path."""
-    final = os.path.join(directory, NAME.format(clock=int(state["clock"])))
+    final = os.path.join(directory, NAME.format(clock=int(ckpt.clock)))
     try:
-        atomic_write(final, lambda tmp: _write(tmp, theta, state))
+        atomic_write(final, lambda tmp: _write(tmp, ckpt))
     except (OSError, RuntimeError) as exc:  # disk full, quota, I/O: the previous one stays
         before = latest(directory)
         kept = f"the previous one, {before}, is kept" if before else "there is no earlier one"
@@ -146,9 +196,9 @@ def latest(directory: str) -> str | None:
     return max(found, key=lambda p: int(_PATTERN.search(p).group(1))) if found else None
 
 
-def load(path: str) -> tuple[np.ndarray, dict]:
-    """θ and the state dict of a checkpoint; UsageError if it is not a readable one, or if
-    an array does not match its checksum."""
+def load(path: str) -> Checkpoint:
+    """The checkpoint at ``path``; UsageError if it is not a readable one of this format, or
+    if an array does not match its checksum."""
     try:
         with h5py.File(path, "r") as f:
             version = f.attrs.get("gem_mpi_checkpoint")
@@ -158,23 +208,24 @@ def load(path: str) -> tuple[np.ndarray, dict]:
                 raise UsageError(f"--resume {path!r}: checkpoint format {version}, this "
                                  f"gem_mpi reads format {FORMAT} (written by another version: "
                                  "resume with that one, or start afresh)")
-            state = {k: int(f.attrs[k]) for k in ("clock", "tickets", "rows_updates",
-                                                  "rows_eval", "rows_rejected", "n_workers")}
-            state["elapsed_s"] = float(f.attrs["elapsed_s"])
-            state["config"] = json.loads(f.attrs["config"])
-            state["run_id"] = str(f.attrs["run_id"])
+            fields: dict[str, Any] = {k: int(f.attrs[k]) for k in _INTS}
+            fields["tickets"] = int(f.attrs["tickets"]) if "tickets" in f.attrs else None
+            fields["elapsed_s"] = float(f.attrs["elapsed_s"])
+            fields["config"] = json.loads(f.attrs["config"])
+            fields["run_id"] = str(f.attrs["run_id"])
             for name in ARRAYS:
-                state[name] = f[name][()] if name in f else None
-                if name in f and _sha256(state[name]) != f[name].attrs["sha256"]:
+                fields[name] = f[name][()] if name in f else None
+                if name in f and _sha256(fields[name]) != f[name].attrs["sha256"]:
                     raise UsageError(f"--resume {path!r}: {name} does not match its checksum "
                                      "(the file is damaged); resume from an older checkpoint "
                                      "or start afresh")
     except (OSError, KeyError, ValueError) as exc:
         raise UsageError(f"--resume {path!r}: not a readable checkpoint ({exc})") from None
-    theta = state.pop("theta")
-    if theta.dtype != np.float32 or theta.ndim != 1:
-        raise UsageError(f"--resume {path!r}: θ has dtype {theta.dtype}, shape {theta.shape}")
-    return theta, state
+    theta = fields["theta"]
+    if theta is None or theta.dtype != np.float32 or theta.ndim != 1:
+        what = "no θ" if theta is None else f"θ of dtype {theta.dtype}, shape {theta.shape}"
+        raise UsageError(f"--resume {path!r}: {what}")
+    return Checkpoint(**fields, path=path)
 
 
 # Each setting's default: a checkpoint written before an option existed ran with it
@@ -187,28 +238,29 @@ def _setting(config: dict, key: str) -> object:
     return config.get(key, DEFAULTS.get(key))
 
 
-def check_compatible(state: dict, config: dict, n_workers: int, path: str) -> None:
+def check_compatible(ckpt: Checkpoint, config: dict, n_workers: int) -> None:
     """A checkpoint of another setting or size of job cannot be continued: say which."""
-    if state["n_workers"] != n_workers:
-        raise UsageError(f"--resume {path!r} was written by a run of {state['n_workers']} "
+    path = ckpt.path
+    if ckpt.n_workers != n_workers:
+        raise UsageError(f"--resume {path!r} was written by a run of {ckpt.n_workers} "
                          f"workers, this one has {n_workers}")
     # each shard's clock and tickets are its own: the cut must stay the same
-    was, now = state["config"].get("masters", 1), config.get("masters", 1)
+    was, now = ckpt.config.get("masters", 1), config.get("masters", 1)
     if was != now:
         raise UsageError(f"--resume {path!r} was written by a run of --masters {was}, this "
                          f"one has --masters {now}; resume with --masters {was}")
     for key in MUST_MATCH:
-        if _setting(state["config"], key) != config.get(key):
+        if _setting(ckpt.config, key) != config.get(key):
             raise UsageError(f"--resume {path!r}: --{key.replace('_', '-')} was "
-                             f"{_setting(state['config'], key)!r}, now {config.get(key)!r}; a resume "
+                             f"{_setting(ckpt.config, key)!r}, now {config.get(key)!r}; a resume "
                              f"may change only {', '.join('--' + k.replace('_', '-') for k in MAY_CHANGE)} "
                              "of the update rule and the data")
 
 
-def changes(state: dict, config: dict) -> dict[str, list]:
+def changes(ckpt: Checkpoint, config: dict) -> dict[str, list]:
     """The settings of the update rule and the data that this resume changes: name ->
     [before, now] (only :data:`MAY_CHANGE` can be there once check_compatible passed)."""
-    before = state["config"]
+    before = ckpt.config
     return {k: [_setting(before, k), config.get(k)] for k in RECORDED
             if _setting(before, k) != config.get(k)}
 

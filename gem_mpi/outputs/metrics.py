@@ -40,7 +40,7 @@ UPDATE_COLUMNS = [
     ("loss", "f4"),  # the worker's mini-batch loss
     ("queue", "i4"),  # updates waiting at the master when this one was picked
     ("compute_s", "f4"),  # worker seconds spent computing this update
-    ("apply_s", "f4"),  # master seconds spent applying it (lock held)
+    ("apply_s", "f4"),  # master seconds spent applying it (the kernel, inside θ's write)
 ]
 GEM_COLUMNS = [
     ("energy_central", "f8"),  # ½‖θ_new − s‖²

@@ -103,7 +103,9 @@ FINISHED = Verdict(Outcome.FINISHED)
 
 
 class Stateful(Protocol):
-    """A part of the run that a checkpoint holds."""
+    """A part of the run that a checkpoint holds: its ``state()`` gives its own fields of
+    :class:`~gem_mpi.outputs.checkpoint.Checkpoint` by name (the engine, the metrics rows,
+    the supervisor); a resumed run gives each part the checkpoint to read its own back."""
 
     def state(self) -> dict[str, Any]: ...
 
@@ -126,10 +128,10 @@ class Engine(Protocol):
     def loop(self) -> Verdict: ...
 
     def state(self) -> dict[str, Any]:
-        """Its part of a checkpoint, θ under "theta"."""
+        """Its fields of a checkpoint (θ, its position, what else it needs to continue)."""
         ...
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, ckpt: checkpoint.Checkpoint) -> None:
         """Continue from a checkpoint's state (the supervisor calls it when resuming)."""
         ...
 
@@ -141,6 +143,41 @@ class Engine(Protocol):
 
     def done_line(self, fields: dict) -> str:
         """The one line of a finished run, from the summary ``fields``."""
+        ...
+
+
+class Supervisor(Protocol):
+    """What an engine calls on its supervisor while it trains: the run's (rank 0:
+    :class:`RunSupervisor`) or, on another master of a sharded run, a follower's
+    (:class:`gem_mpi.engine.shards.Follower`). The session builds it and gives it to the
+    engine; the engine never asks which it has."""
+
+    recording: bool  # whether rows are wanted now
+    recent_loss: float
+    summary: dict
+
+    def heard(self, worker: int, finished: bool = False) -> None: ...
+
+    def record_update(self, row: dict) -> None: ...
+
+    def record_rejected(self, row: dict) -> None: ...
+
+    def observe(self, loss: float, position: int, theta: np.ndarray) -> None: ...
+
+    def eval_due(self, position: int) -> bool: ...
+
+    def evaluate(self, theta: np.ndarray, done: int) -> None: ...
+
+    def show(self, status: Callable[[], str]) -> None: ...
+
+    def since_start(self, t: float) -> float: ...
+
+    def between_batches(self) -> Verdict | None:
+        """None: train on; else the verdict that ends the run."""
+        ...
+
+    def run(self) -> Outcome:
+        """Drive the engine's loop to the end of the run."""
         ...
 
 
@@ -158,10 +195,10 @@ class Checkpointer:
         """Write θ and the run's position (the metrics rows on disk match it exactly)."""
         if not self.directory:
             return None
-        state: dict[str, Any] = {"config": self.config, "n_workers": self.n_workers}
+        fields: dict[str, Any] = {"config": self.config, "n_workers": self.n_workers}
         for part in self.parts:
-            state.update(part.state())
-        path = checkpoint.save(self.directory, state.pop("theta"), state)
+            fields.update(part.state())
+        path = checkpoint.save(self.directory, checkpoint.Checkpoint(**fields))
         self._last = self.clock()
         return path
 
@@ -197,7 +234,8 @@ class RunSupervisor:
     leaves stuck workers to someone else (Horovod's stall check)."""
 
     def __init__(self, cfg: Config, problem: Problem, n_workers: int, engine: Engine,
-                 kernel_name: str, stop: StopFlag, resumed: dict | None = None,
+                 kernel_name: str, stop: StopFlag,
+                 resumed: checkpoint.Checkpoint | None = None,
                  eval_problem: Problem | None = None, eval_threads: int | None = None,
                  run_id: str | None = None, losses: LossWatch | None = None,
                  watch_workers: bool = True) -> None:
@@ -209,17 +247,16 @@ class RunSupervisor:
         self.evaluator = Evaluator(cfg.data, cfg.monitor, eval_problem or problem, noun=noun,
                                    threads=eval_threads)
         # the run's id: drawn at its first start, kept by its checkpoints and metrics file
-        self.run_id = run_id or (resumed["run_id"] if resumed else uuid.uuid4().hex)
+        self.run_id = run_id or (resumed.run_id if resumed else uuid.uuid4().hex)
         self.metrics = None
         if self.outputs.metrics:
             rows, log, shard_rows = None, None, None
             if resumed:
-                log = {"clock": resumed["clock"], "checkpoint": resumed["path"],
-                       "changes": resumed["changes"]}
+                log = {"clock": resumed.clock, "checkpoint": resumed.path,
+                       "changes": resumed.changes}
                 if os.path.exists(self.outputs.metrics):
-                    rows = (resumed["rows_updates"], resumed["rows_eval"],
-                            resumed["rows_rejected"])
-                    shard_rows = resumed.get("rows_shards")
+                    rows = resumed.rows
+                    shard_rows = resumed.rows_shards
             self.metrics = self.evaluator.metrics = MetricsWriter(
                 self.outputs.metrics, cfg.as_dict(), problem.names, problem.sizes, n_workers,
                 kernel_name, resume_rows=rows, min_free_bytes=self.monitor.min_free_bytes,
@@ -236,7 +273,7 @@ class RunSupervisor:
                                  else 0.0)
         if resumed:
             engine.load_state(resumed)
-        self.elapsed0 = resumed["elapsed_s"] if resumed else 0.0
+        self.elapsed0 = resumed.elapsed_s if resumed else 0.0
         self.t0 = time.perf_counter() - self.elapsed0  # a resumed run's times continue
         self._first = engine.position
         self._failure: str | None = None  # an output that could not be written
@@ -294,6 +331,11 @@ class RunSupervisor:
     @property
     def diverged(self) -> str | None:
         return self.losses.diverged
+
+    def shard_diverged(self, why: str) -> None:
+        """Another master's θ is not finite: the run ends as diverged (the first reason)."""
+        if self.losses.diverged is None:
+            self.losses.diverged = why
 
     @property
     def recent_loss(self) -> float:

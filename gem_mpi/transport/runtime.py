@@ -31,7 +31,7 @@ def start_mpi(thread_level: str = "funneled") -> MPI.Intracomm:
 
 # Open MPI's one-sided component "rdma" has priority 101, "sm" 100 (offered only when every
 # rank of the window is on one node). Over shared memory, sm's Get is a memcpy from the
-# segment, about 15 times rdma's here (docs/ARCHITECTURE.md, "What each stack costs").
+# segment, about 15 times rdma's on one node (docs/PERFORMANCE.md, "What each stack costs").
 OSC_RDMA_PRIORITY = "99"
 
 

@@ -40,7 +40,7 @@ class FakeEngine:
         self.clock, self.updates, self.lr = 0, updates, lr
         self.script = script or (lambda engine: None)
         self.sup: RunSupervisor | None = None
-        self.loaded: dict | None = None
+        self.loaded: checkpoint.Checkpoint | None = None
         self.loss_scale = 1.0
 
     @property
@@ -54,9 +54,9 @@ class FakeEngine:
         return {"theta": self.theta_.copy(), "clock": self.clock, "tickets": self.clock,
                 "next_seq": np.array([self.clock], np.int64)}
 
-    def load_state(self, state: dict) -> None:
-        self.loaded = state
-        self.theta_, self.clock = state["theta"].copy(), int(state["clock"])
+    def load_state(self, ckpt: checkpoint.Checkpoint) -> None:
+        self.loaded = ckpt
+        self.theta_, self.clock = ckpt.theta.copy(), int(ckpt.clock)
 
     def summary(self) -> dict:
         return {"rejected": 0}
@@ -122,9 +122,9 @@ def test_finished(tmp_path, capsys):
     assert summary["finished"] == 1.0 and summary["diverged"] == 0.0
     assert summary["updates"] == 50 and np.isfinite(summary["test_loss"])
     assert np.array_equal(_clocks(tmp_path / "run.h5"), np.arange(50))
-    theta, state = checkpoint.load(checkpoint.latest(str(tmp_path / "ck")))
-    assert state["clock"] == 50 == state["rows_updates"]
-    assert np.array_equal(theta, engine.theta_)
+    state = checkpoint.load(checkpoint.latest(str(tmp_path / "ck")))
+    assert state.clock == 50 == state.rows_updates
+    assert np.array_equal(state.theta, engine.theta_)
     assert "gem_mpi: done: 50 fake updates" in capsys.readouterr().err
 
 
@@ -141,13 +141,12 @@ def test_stopped_by_a_signal_checkpoints_and_resumes_to_the_same_end(tmp_path, c
     assert f"stopped by signal 10 at update 21: checkpoint {path}; continue with" in err
     summary = _summary(tmp_path / "run.h5")
     assert summary["finished"] == 0.0 and summary["diverged"] == 0.0
-    theta, state = checkpoint.load(path)
-    assert state["clock"] == 21 == state["rows_updates"]
+    resumed = checkpoint.load(path)
+    assert resumed.clock == 21 == resumed.rows_updates and resumed.path == path
 
-    # the resume (as train._resume hands it over) continues the same file to the end
+    # the resume (as session._resume hands it over) continues the same file to the end
     cfg = sup.cfg
-    resumed = {**state, "theta": theta, "path": path,
-               "changes": checkpoint.changes(state, cfg.as_dict())}
+    resumed.changes = checkpoint.changes(resumed, cfg.as_dict())
     sup2, engine2, _ = _run(tmp_path, resumed=resumed)
     assert engine2.loaded is resumed and engine2.position == 21
     assert sup2.run() is Outcome.FINISHED
@@ -168,7 +167,7 @@ def test_diverged_keeps_the_last_good_checkpoint(tmp_path, capsys):
     sup, _, _ = _run(tmp_path, updates=1000, script=blow_up)
     assert sup.run() is Outcome.DIVERGED and EXIT_CODES[Outcome.DIVERGED] == 4
     last = checkpoint.latest(str(tmp_path / "ck"))
-    assert checkpoint.load(last)[1]["clock"] == 10  # none written at the divergence
+    assert checkpoint.load(last).clock == 10  # none written at the divergence
     [line] = [ln for ln in capsys.readouterr().err.splitlines() if "diverged" in ln]
     assert f"the last good state is {last}" in line and "Lower --lr (or --kappa)" in line
     summary = _summary(tmp_path / "run.h5")
@@ -185,8 +184,8 @@ def test_low_space_is_a_verdict_with_a_checkpoint_and_one_line(tmp_path, capsys)
     [line] = _error_lines(capsys.readouterr().err)
     assert line.startswith("gem_mpi: error: stopped at update 6: --metrics")
     assert "below --min-free-mb 1e+12" in line and "free space, then --resume auto" in line
-    _, state = checkpoint.load(checkpoint.latest(str(tmp_path / "ck")))
-    assert state["clock"] == 6 == state["rows_updates"] and state["rows_rejected"] == 1
+    state = checkpoint.load(checkpoint.latest(str(tmp_path / "ck")))
+    assert state.clock == 6 == state.rows_updates and state.rows_rejected == 1
     assert _summary(tmp_path / "run.h5")["finished"] == 0.0
     assert np.array_equal(_clocks(tmp_path / "run.h5"), np.arange(6))
 
@@ -215,8 +214,8 @@ def test_a_stuck_worker_is_a_verdict_and_the_caller_ends_the_job(tmp_path, capsy
                            "(--worker-timeout 5): it or its node is stuck; ending the job "
                            "at update 6; checkpoint ")
     assert line.endswith(": --resume auto continues")
-    _, state = checkpoint.load(checkpoint.latest(str(tmp_path / "ck")))
-    assert state["clock"] == 6 == state["rows_updates"]
+    state = checkpoint.load(checkpoint.latest(str(tmp_path / "ck")))
+    assert state.clock == 6 == state.rows_updates
     assert _summary(tmp_path / "run.h5")["finished"] == 0.0
 
 
@@ -252,10 +251,10 @@ def test_checkpointer_composes_the_parts_into_one_file(tmp_path):
     ck = Checkpointer(str(tmp_path), 0.0, {"lr": 0.1}, 1,
                       [_state(7), Part(elapsed_s=2.5, run_id="abc")])
     path = ck.save()
-    theta, state = checkpoint.load(path)
-    assert np.array_equal(theta, np.arange(3, dtype=np.float32))
-    assert state["clock"] == 7 and state["run_id"] == "abc" and state["elapsed_s"] == 2.5
-    assert state["config"] == {"lr": 0.1} and state["n_workers"] == 1
+    state = checkpoint.load(path)
+    assert np.array_equal(state.theta, np.arange(3, dtype=np.float32))
+    assert state.clock == 7 and state.run_id == "abc" and state.elapsed_s == 2.5
+    assert state.config == {"lr": 0.1} and state.n_workers == 1 and state.tickets == 7
 
 
 def test_checkpointer_saves_when_due(tmp_path):
@@ -271,7 +270,7 @@ def test_checkpointer_saves_when_due(tmp_path):
     clock.now = 15.0
     assert ck.maybe_save() is None  # 5 s after that save
     clock.now = 20.0
-    assert checkpoint.load(ck.maybe_save())[1]["clock"] == 2
+    assert checkpoint.load(ck.maybe_save()).clock == 2
     assert len(list(tmp_path.iterdir())) == 1  # the older one is dropped
 
 

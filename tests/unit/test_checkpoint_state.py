@@ -1,0 +1,106 @@
+"""The typed checkpoint (gem_mpi.outputs.checkpoint.Checkpoint) without MPI: what is written
+is what is read, a method leaves out what it does not have, a shard's slice and the join of
+every shard's state are inverse, and a file of another format is one line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import h5py
+import numpy as np
+import pytest
+
+from gem_mpi.config import Config
+from gem_mpi.errors import UsageError
+from gem_mpi.outputs import checkpoint
+from gem_mpi.outputs.checkpoint import Checkpoint
+from gem_mpi.protocol import ShardState
+
+N, WORKERS = 10, 3
+
+
+def _async(**extra) -> Checkpoint:
+    rng = np.random.default_rng(0)
+    return Checkpoint(theta=rng.normal(size=N).astype(np.float32), clock=17, run_id="r1",
+                      elapsed_s=1.5, config={"lr": 0.05, "masters": 1}, n_workers=WORKERS,
+                      rows_updates=17, rows_eval=2, rows_rejected=1, tickets=18,
+                      next_seq=np.array([5, 6, 7], np.int64), **extra)
+
+
+def _same(a: Checkpoint, b: Checkpoint) -> None:
+    for f in dataclasses.fields(Checkpoint):
+        if f.name in ("path", "changes"):
+            continue
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            assert x is not None and y is not None and np.array_equal(x, y), f.name
+            assert np.asarray(x).dtype == np.asarray(y).dtype, f.name
+        else:
+            assert x == y, f.name
+
+
+def test_what_is_saved_is_what_is_loaded(tmp_path):
+    ckpt = _async(kept_s=np.ones((WORKERS, N), np.float32),
+                  proxy_m=np.full(N, 0.5, np.float32))
+    path = checkpoint.save(str(tmp_path), ckpt)
+    back = checkpoint.load(path)
+    _same(ckpt, back)
+    assert back.path == path and back.changes == {} and back.rows == (17, 2, 1)
+    assert back.momentum is None and back.shard_clock is None
+
+
+def test_a_synchronous_checkpoint_has_no_tickets_or_next_seq(tmp_path):
+    theta = np.arange(N, dtype=np.float32)
+    ckpt = Checkpoint(theta=theta, clock=9, run_id="s", elapsed_s=0.0, config={},
+                      n_workers=2, momentum=theta * 2)
+    path = checkpoint.save(str(tmp_path), ckpt)
+    with h5py.File(path, "r") as f:
+        assert "tickets" not in f.attrs and "next_seq" not in f
+    back = checkpoint.load(path)
+    assert back.tickets is None and back.next_seq is None
+    assert np.array_equal(back.momentum, theta * 2)
+
+
+def test_unknown_fields_are_refused_where_the_checkpoint_is_made():
+    with pytest.raises(TypeError):
+        Checkpoint(theta=np.zeros(1, np.float32), clock=0, run_id="", elapsed_s=0.0,
+                   config={}, n_workers=1, ticket=3)  # a misspelt field fails at once
+
+
+def test_a_shard_and_the_join_of_every_shard_are_inverse():
+    bounds = [(0, 4), (4, 7), (7, N)]
+    whole = _async(kept_s=np.arange(WORKERS * N, dtype=np.float32).reshape(WORKERS, N),
+                   proxy_m=np.arange(N, dtype=np.float32),
+                   shard_clock=np.array([17, 16, 15], np.int64),
+                   shard_tickets=np.array([18, 17, 16], np.int64))
+    parts = [whole.shard(k, b) for k, b in enumerate(bounds)]
+    for k, ((lo, hi), part) in enumerate(zip(bounds, parts)):
+        assert np.array_equal(part.theta, whole.theta[lo:hi])
+        assert np.array_equal(part.kept_s, whole.kept_s[:, lo:hi])
+        assert part.clock == whole.shard_clock[k] and part.tickets == whole.shard_tickets[k]
+        assert part.shard_clock is None and part.run_id == whole.run_id
+    joined = ShardState.join([ShardState(p.theta, p.clock, p.tickets, p.next_seq, p.kept_s,
+                                         p.proxy_m) for p in parts])
+    _same(whole, dataclasses.replace(whole, **joined))
+    parts[0].theta[0] += 1  # a shard's slice is its own copy
+    assert whole.theta[0] != parts[0].theta[0]
+
+
+def test_a_checkpoint_of_another_format_is_one_line(tmp_path):
+    path = checkpoint.save(str(tmp_path), _async())
+    with h5py.File(path, "r+") as f:
+        f.attrs["gem_mpi_checkpoint"] = checkpoint.FORMAT - 1
+    with pytest.raises(UsageError, match=f"checkpoint format {checkpoint.FORMAT - 1}, this "
+                                         f"gem_mpi reads format {checkpoint.FORMAT}") as exc:
+        checkpoint.load(path)
+    assert "\n" not in str(exc.value)
+
+
+def test_changes_and_compatibility_read_the_typed_checkpoint():
+    ckpt = _async()
+    ckpt.config = Config.of(lr=0.05).as_dict()
+    now = Config.of(lr=0.02).as_dict()
+    checkpoint.check_compatible(ckpt, now, WORKERS)
+    assert checkpoint.changes(ckpt, now)["lr"] == [0.05, 0.02]
+    with pytest.raises(UsageError, match="run of 3 workers, this one has 4"):
+        checkpoint.check_compatible(ckpt, now, WORKERS + 1)
