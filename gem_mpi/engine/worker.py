@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -207,6 +209,172 @@ class _TorchSteps:
         return self._a_host.numpy()
 
 
+class TimeSplit:
+    """Where a worker's time goes (the metrics file's /summary/worker_time): each
+    :meth:`charge` adds the time since the previous one to a column, so the columns from
+    the first pull to the last message add up to the wall time."""
+
+    def __init__(self) -> None:
+        self.columns = dict.fromkeys(WORKER_TIME_COLUMNS, 0.0)
+        self.start = self.last = time.perf_counter()
+
+    def charge(self, column: str) -> float:
+        """Charge the seconds since the last charge to ``column``; returns them."""
+        now = time.perf_counter()
+        spent = now - self.last
+        self.columns[column] += spent
+        self.last = now
+        return spent
+
+    def final(self, load_s: float, gpu_s: float, backoff_s: float) -> np.ndarray:
+        """The DONE message's columns: the copy of θ into the model taken out of compute,
+        the sleeps of the back-off out of waiting, the wall time since the first pull."""
+        c = self.columns
+        c["load"], c["gpu"], c["backoff"] = load_s, gpu_s, backoff_s
+        c["compute"] -= load_s
+        c["wait"] -= backoff_s
+        c["wall"] = time.perf_counter() - self.start
+        return np.array([c[k] for k in WORKER_TIME_COLUMNS], np.float32)
+
+
+@dataclass
+class _Worker:
+    """One worker's parts, as :func:`_set_up` makes them."""
+
+    cfg: Config
+    rank: int  # the worker's number, 1..n
+    steps_fn: _QuadraticSteps | _TorchSteps
+    ep: WorkerShards
+    rule: WorkerRule
+    poison_all: Callable[[tuple[np.ndarray, ...]], None] | None
+    slow_factor: float
+    split: TimeSplit = field(default_factory=TimeSplit)
+
+    def compute(self, seq: int) -> tuple[np.ndarray, float, float]:
+        """Δθ and the loss of step ``seq`` at the θ in hand, and its compute seconds (times
+        the --straggler factor, slept here)."""
+        delta, loss = self.steps_fn(self.ep.theta, seq)
+        compute_s = self.split.charge("compute")  # θ into the model, forward, backward, Δθ
+        if self.slow_factor > 1.0:  # --straggler: this worker takes FACTOR times as long
+            time.sleep((self.slow_factor - 1.0) * compute_s)
+            compute_s *= self.slow_factor
+        self.split.charge("straggle")
+        return delta, loss, compute_s
+
+    def payload(self, delta: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The update's parts (GEM: Δθ, κ|m|, s after the fold); sharded, an update holding
+        NaN/Inf in one shard's part is poisoned in every shard's, so every kernel rejects it."""
+        on_device = isinstance(self.steps_fn, _TorchSteps)
+        parts = self.rule.payload(delta, s, self.steps_fn.delta if on_device else None,
+                                  self.steps_fn.host)
+        if self.poison_all is not None:
+            self.poison_all(parts)
+        self.split.charge("payload")
+        return parts
+
+    def report(self, seq: int, loss: float) -> None:
+        if self.cfg.monitor.verbose and (seq + 1) % 100 == 0:
+            print(f"gem_mpi: worker {self.rank}: step {seq + 1}/{self.steps_fn.steps} loss "
+                  f"{loss:.4f} waited {self.split.columns['wait']:.1f} s", file=sys.stderr,
+                  flush=True)
+
+
+def _set_up(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
+            placement: Placement, start_seq: int, run_id: str,
+            comms: list[MPI.Intracomm] | None) -> _Worker:
+    """The worker's steps, endpoint and rule; a resumed GEM worker's momentum restored."""
+    rank = comm.Get_rank() - (plan.masters - 1)  # the worker's number, 1..n
+    if problem.quadratic is not None:
+        steps_fn: _QuadraticSteps | _TorchSteps = _QuadraticSteps(cfg.optim, cfg.data, problem,
+                                                                  rank)
+    else:
+        steps_fn = _TorchSteps(cfg, problem, rank, plan.n_workers, placement, start_seq)
+    ep = WorkerShards(comms or [comm], plan.layouts, plan.bounds,
+                      poll_limit=cfg.runtime.poll_max_ms / 1000.0,
+                      theta_into=steps_fn.pull_buffer)
+    on_device = isinstance(steps_fn, _TorchSteps)
+    extension = None if cfg.runtime.no_extension else load_extension()[0]
+    rule = WorkerRule(cfg.optim, steps_fn.delta if on_device else np.zeros(problem.n_params,
+                                                                             np.float32),
+                      resumed=start_seq > 0, extension=extension)
+    momentum, directory = rule.momentum, cfg.outputs.checkpoint_dir
+    if momentum is not None:
+        momentum.folded = start_seq
+        if start_seq and directory:  # a stopped run's momentum, if it matches
+            found = checkpoint.load_worker_momentum(directory, rank, start_seq, run_id)
+            if found is not None:
+                momentum.restore(found, start_seq)
+    if cfg.monitor.verbose:
+        print(f"gem_mpi: worker {rank}: steps {start_seq}..{steps_fn.steps} on "
+              f"{steps_fn.device}", file=sys.stderr, flush=True)
+    return _Worker(cfg, rank, steps_fn, ep, rule,
+                   plan.poison_all if plan.masters > 1 else None,
+                   slowness(cfg, comm.Get_size(), rank))
+
+
+def _wait_order(w: _Worker, start_seq: int, version: object) -> tuple[bool, object]:
+    """--worker-mode wait: commit Δθ with s the θ it was computed on, wait for its
+    application, pull. Returns (stopped by the master, the last version pulled)."""
+    ep, split = w.ep, w.split
+    for seq in range(start_seq, w.steps_fn.steps):
+        delta, loss, compute_s = w.compute(seq)
+        parts = w.payload(delta, ep.theta)
+        ep.commit(UPDATE, seq, version, loss, compute_s, parts)
+        split.charge("commit")
+        if not ep.wait_slot_free():
+            return True, version
+        split.charge("wait")
+        version = ep.pull()
+        split.charge("pull")
+        w.report(seq, loss)
+    return False, version
+
+
+def _pipelined_order(w: _Worker, start_seq: int, version: object) -> tuple[bool, object]:
+    """--worker-mode pipelined, Algorithm 1's order: the previous update was being applied
+    while this one was computed; wait for its slot, then θ ← pull(), commit Δθ, s ← θ. m
+    folds Δθ only then, so a stop during the wait leaves m one fold ahead at most."""
+    ep, split = w.ep, w.split
+    s_copy = np.empty_like(ep.theta) if w.rule.gem else None
+    for seq in range(start_seq, w.steps_fn.steps):
+        delta, loss, compute_s = w.compute(seq)
+        if not ep.wait_slot_free():
+            return True, version
+        split.charge("wait")
+        s = ep.theta
+        if s_copy is not None and w.rule.sends_s:  # the pull below overwrites ep.theta
+            np.copyto(s_copy, ep.theta)
+            s = s_copy
+        parts = w.payload(delta, s)
+        pulled = ep.pull()
+        split.charge("pull")
+        ep.commit(UPDATE, seq, version, loss, compute_s, parts)
+        split.charge("commit")
+        version = pulled
+        w.report(seq, loss)
+    stopped = not ep.wait_slot_free()  # the last update's turn
+    split.charge("wait")
+    return stopped, version
+
+
+def _finish(w: _Worker, stopped: bool, version: object, run_id: str) -> int:
+    """The DONE message with the time split (unless the master stopped the run), the
+    master's stop word, and a stopped GEM worker's momentum saved for the resume."""
+    ep = w.ep
+    if not stopped:
+        times = w.split.final(w.steps_fn.load_s, w.steps_fn.gpu_s, ep.backoff_s)
+        ep.commit(DONE, w.steps_fn.steps, version, parts=(times,))
+    code = ep.wait_shutdown()
+    # only a stop by signal keeps m for a resume: a diverged run's m is no state to resume
+    # from, and it must not replace the m an earlier stop saved beside the last good checkpoint
+    momentum, directory = w.rule.momentum, w.cfg.outputs.checkpoint_dir
+    if code == STOPPED and momentum is not None and directory:
+        m, prev = momentum.arrays()
+        checkpoint.save_worker_momentum(directory, w.rank, momentum.folded, m, prev, run_id)
+    ep.close()  # signs the roll: this worker's files are written
+    return code
+
+
 def run_worker(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
                placement: Placement, start_seq: int = 0, run_id: str = "",
                comms: list[MPI.Intracomm] | None = None) -> int:
@@ -219,119 +387,9 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
     one master). The worker's number (1..n) is its rank less the masters' ranks before it
     but one, so worker w reads the same data, whatever --masters.
     """
-    rank = comm.Get_rank() - (plan.masters - 1)  # the worker's number, 1..n
-    if problem.quadratic is not None:
-        steps_fn: _QuadraticSteps | _TorchSteps = _QuadraticSteps(cfg.optim, cfg.data, problem,
-                                                                  rank)
-    else:
-        steps_fn = _TorchSteps(cfg, problem, rank, plan.n_workers, placement, start_seq)
-    ep = WorkerShards(comms or [comm], plan.layouts, plan.bounds,
-                      poll_limit=cfg.runtime.poll_max_ms / 1000.0,
-                      theta_into=steps_fn.pull_buffer)
-    # sharded, an update holding NaN/Inf in one shard's part must be rejected by every shard:
-    # the worker poisons every shard's part of it (the kernels then all reject it)
-    poison_all = plan.poison_all if plan.masters > 1 else None
-    directory = cfg.outputs.checkpoint_dir
-    on_device = isinstance(steps_fn, _TorchSteps)
-    extension = None if cfg.runtime.no_extension else load_extension()[0]
-    rule = WorkerRule(cfg.optim, steps_fn.delta if on_device else np.zeros(problem.n_params,
-                                                                             np.float32),
-                      resumed=start_seq > 0, extension=extension)
-    momentum = rule.momentum
-    if momentum is not None:
-        momentum.folded = start_seq
-        if start_seq and directory:  # a stopped run's momentum, if it matches
-            found = checkpoint.load_worker_momentum(directory, rank, start_seq, run_id)
-            if found is not None:
-                momentum.restore(found, start_seq)
-    if cfg.monitor.verbose:
-        print(f"gem_mpi: worker {rank}: steps {start_seq}..{steps_fn.steps} on "
-              f"{steps_fn.device}", file=sys.stderr, flush=True)
-    slow_factor = slowness(cfg, comm.Get_size(), rank)
-    split = dict.fromkeys(WORKER_TIME_COLUMNS, 0.0)  # where this worker's time goes
-    clock = time.perf_counter
-    t_start = clock()
-    version = ep.pull()
-    split["pull"] += clock() - t_start
-    stopped = False
-    pipelined = cfg.optim.worker_mode == PIPELINED
-    s_copy = np.empty_like(ep.theta) if pipelined and rule.gem else None
-    for seq in range(start_seq, steps_fn.steps):
-        t0 = clock()
-        delta, loss = steps_fn(ep.theta, seq)
-        t1 = clock()
-        compute_s = t1 - t0  # θ into the model, forward, backward, Δθ on the host
-        split["compute"] += compute_s
-        if slow_factor > 1.0:  # --straggler: this worker takes FACTOR times as long
-            time.sleep((slow_factor - 1.0) * compute_s)
-            compute_s *= slow_factor
-        t2 = clock()
-        split["straggle"] += t2 - t1
-        if pipelined:
-            # Algorithm 1's order: the previous update was being applied while this one was
-            # computed; wait for its slot, then θ ← pull(), commit Δθ, s ← θ. m folds Δθ
-            # only now, so a stop during the wait leaves m one fold ahead at most
-            if not ep.wait_slot_free():
-                stopped = True
-                break
-            t3 = clock()
-            split["wait"] += t3 - t2
-            s = ep.theta
-            if s_copy is not None and rule.sends_s:  # the pull below overwrites ep.theta
-                np.copyto(s_copy, ep.theta)
-                s = s_copy
-            parts = rule.payload(delta, s, steps_fn.delta if on_device else None,
-                                 steps_fn.host)
-            if poison_all is not None:
-                poison_all(parts)
-            t4 = clock()
-            split["payload"] += t4 - t3
-            pulled = ep.pull()
-            t5 = clock()
-            split["pull"] += t5 - t4
-            ep.commit(UPDATE, seq, version, loss, compute_s, parts)
-            split["commit"] += clock() - t5
-            version = pulled
-        else:
-            # s: the θ this Δθ was computed on; commit, wait for its application, pull
-            parts = rule.payload(delta, ep.theta, steps_fn.delta if on_device else None,
-                                 steps_fn.host)
-            if poison_all is not None:
-                poison_all(parts)
-            t3 = clock()
-            split["payload"] += t3 - t2
-            ep.commit(UPDATE, seq, version, loss, compute_s, parts)
-            t4 = clock()
-            split["commit"] += t4 - t3
-            if not ep.wait_slot_free():
-                stopped = True
-                break
-            t5 = clock()
-            split["wait"] += t5 - t4
-            version = ep.pull()
-            split["pull"] += clock() - t5
-        if cfg.monitor.verbose and (seq + 1) % 100 == 0:
-            print(f"gem_mpi: worker {rank}: step {seq + 1}/{steps_fn.steps} loss {loss:.4f} "
-                  f"waited {split['wait']:.1f} s", file=sys.stderr, flush=True)
-    if pipelined and not stopped:  # the last update's turn
-        t_wait = clock()
-        stopped = not ep.wait_slot_free()
-        split["wait"] += clock() - t_wait
-    if not stopped:
-        # the compute split without the copy of θ into the model; waiting without the sleeps
-        split["load"] = steps_fn.load_s
-        split["gpu"] = steps_fn.gpu_s
-        split["compute"] -= split["load"]
-        split["backoff"] = ep.backoff_s
-        split["wait"] -= split["backoff"]
-        split["wall"] = clock() - t_start
-        times = np.array([split[k] for k in WORKER_TIME_COLUMNS], np.float32)
-        ep.commit(DONE, steps_fn.steps, version, parts=(times,))
-    code = ep.wait_shutdown()
-    # only a stop by signal keeps m for a resume: a diverged run's m is no state to resume
-    # from, and it must not replace the m an earlier stop saved beside the last good checkpoint
-    if code == STOPPED and momentum is not None and directory:
-        m, prev = momentum.arrays()
-        checkpoint.save_worker_momentum(directory, rank, momentum.folded, m, prev, run_id)
-    ep.close()  # signs the roll: this worker's files are written
-    return code
+    w = _set_up(cfg, comm, plan, problem, placement, start_seq, run_id, comms)
+    version = w.ep.pull()
+    w.split.charge("pull")
+    order = _pipelined_order if cfg.optim.worker_mode == PIPELINED else _wait_order
+    stopped, version = order(w, start_seq, version)
+    return _finish(w, stopped, version, run_id)
