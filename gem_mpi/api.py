@@ -98,8 +98,18 @@ def fit(model: str | Callable[[], Any], dataset: str | Callable[[str], Any], *,
 
 
 def _trained_model(cfg: config.Config, theta: np.ndarray) -> Any:
+    """θ in a fresh model, with the BatchNorm statistics the evaluation used (the same
+    batches: the model equals the one --save writes)."""
+    import torch  # a torch model's run only: the quadratic returns no model
+
+    from gem_mpi.problem.data import statistics_batches
+    from gem_mpi.problem.models import recompute_batch_norm
+
     model = build_problem(cfg.data, with_theta0=False).model
     load_theta(model, theta)
+    if cfg.monitor.bn_batches:
+        recompute_batch_norm(model, statistics_batches(cfg.data, cfg.monitor.bn_batches),
+                             torch.device("cpu"))
     return model
 
 

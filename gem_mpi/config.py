@@ -40,6 +40,13 @@ GEM_PROXIES = (PROXY_LOCAL, PROXY_GLOBAL)
 # (it waits), or at θ pulled just before it commits that update (Algorithm 1's order)
 WAIT, PIPELINED = "wait", "pipelined"
 WORKER_MODES = (WAIT, PIPELINED)
+# η over a worker's own steps (gem_mpi.algorithm.stepsize): after --warmup-steps, constant,
+# multiplied by --lr-gamma every --lr-step-every steps, or a cosine down to --lr-min
+CONSTANT, STEP, COSINE = "constant", "step", "cosine"
+LR_SCHEDULES = (CONSTANT, STEP, COSINE)
+# mixed precision of the workers' forward pass (θ, Δθ, m and the master stay float32)
+AMP_OFF, AMP_BF16 = "off", "bf16"
+AMP_MODES = (AMP_OFF, AMP_BF16)
 
 
 def is_plugin(name: str) -> bool:
@@ -123,6 +130,30 @@ class OptimConfig:
                            "exactly); asynchronous methods only",
                            check=(lambda v: v in WORKER_MODES,
                                   f"one of {', '.join(WORKER_MODES)}"))
+    lr_schedule: str = opt(CONSTANT, "η over each worker's own steps (sync: the steps): "
+                           "'constant', 'step' (times --lr-gamma every --lr-step-every "
+                           "steps) or 'cosine' (down to --lr-min over --lr-decay-steps); "
+                           "after --warmup-steps of linear warm-up in every case",
+                           check=(lambda v: v in LR_SCHEDULES,
+                                  f"one of {', '.join(LR_SCHEDULES)}"))
+    warmup_steps: int = opt(0, "steps of linear warm-up of η, from η/N at the first step to η "
+                            "(0: none)", check=NON_NEGATIVE)
+    lr_decay_steps: int = opt(0, "--lr-schedule cosine: the steps (warm-up included) over "
+                              "which η falls to --lr-min (0: the worker's whole budget)",
+                              check=NON_NEGATIVE)
+    lr_step_every: int = opt(0, "--lr-schedule step: multiply η by --lr-gamma every this many "
+                             "steps after the warm-up (required with step)", check=NON_NEGATIVE)
+    lr_gamma: float = opt(0.1, "--lr-schedule step: the factor", check=(
+        lambda v: 0 < v <= 1, "in (0, 1]"))
+    lr_min: float = opt(0.0, "--lr-schedule cosine: the last η", check=NON_NEGATIVE)
+    clip_grad_norm: float = opt(0.0, "clip each worker's gradient to this L2 norm before "
+                                "Δθ = −η·g (and before GEM's momentum fold) (0: no clipping)",
+                                check=NON_NEGATIVE)
+    amp: str = opt(AMP_OFF, "mixed precision of the workers' forward pass: 'off' (float32) or "
+                   "'bf16' (torch.autocast, on CUDA and on the CPU); θ, Δθ, m and the master "
+                   "stay float32", check=(lambda v: v in AMP_MODES,
+                          (f"one of {', '.join(AMP_MODES)} (fp16, whose loss scaler skips "
+                           "steps, is not offered: use bf16)")))
 
 
 @dataclass(frozen=True)
@@ -172,6 +203,11 @@ class MonitorConfig:
     eval_every: int = opt(2000, "evaluate the central variable every N master updates (0: "
                           "only at the end)", check=NON_NEGATIVE)
     eval_batch_size: int = opt(1000, "evaluation batch size", check=POSITIVE)
+    bn_batches: int = opt(20, "before each evaluation and --save, rank 0 recomputes the "
+                          "BatchNorm statistics of the evaluated θ on this many training "
+                          "batches (torch.optim.swa_utils.update_bn; models without BatchNorm "
+                          "skip it; 0: keep the model's initial statistics)",
+                          check=NON_NEGATIVE)
     log_every: float = opt(10.0, "seconds between progress lines when the output is not a "
                            "terminal", check=(lambda v: v >= LOG_EVERY_MIN,
                                               f">= {LOG_EVERY_MIN} (seconds)"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from gem_mpi import config
@@ -19,7 +20,8 @@ RECORDED = {
     "log_every", "verbose", "no_extension", "straggler", "stop_on_divergence",
     "divergence_factor", "checkpoint_dir", "checkpoint_every", "resume", "min_free_mb",
     "worker_timeout", "gem_shift", "exit_timeout", "loss", "worker_mode", "gem_proxy",
-    "holdout", "masters",
+    "holdout", "masters", "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_step_every",
+    "lr_gamma", "lr_min", "clip_grad_norm", "amp", "bn_batches",
 }
 
 
@@ -97,10 +99,15 @@ def test_a_checkpoint_older_than_an_option_ran_with_its_default():
     from gem_mpi.outputs import checkpoint
 
     old, _ = config.parse([])
-    recorded = {k: v for k, v in old.as_dict().items() if k not in ("gem_proxy", "worker_mode")}
-    state = {"n_workers": 4, "config": recorded}
-    checkpoint.check_compatible(state, old.as_dict(), 4, "c.h5")
+    recorded = {k: v for k, v in old.as_dict().items()
+                if k not in ("gem_proxy", "worker_mode", "lr_schedule", "amp")}
+    state = checkpoint.Checkpoint(theta=np.zeros(1, np.float32), clock=0, run_id="r",
+                                  elapsed_s=0.0, config=recorded, n_workers=4, path="c.h5")
+    checkpoint.check_compatible(state, old.as_dict(), 4)
     assert checkpoint.changes(state, old.as_dict()) == {}
     new, _ = config.parse(["--gem-proxy", "global"])
     with pytest.raises(UsageError, match="--gem-proxy was 'local', now 'global'"):
-        checkpoint.check_compatible(state, new.as_dict(), 4, "c.h5")
+        checkpoint.check_compatible(state, new.as_dict(), 4)
+    new, _ = config.parse(["--lr-schedule", "cosine"])
+    with pytest.raises(UsageError, match="--lr-schedule was 'constant', now 'cosine'"):
+        checkpoint.check_compatible(state, new.as_dict(), 4)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gem_mpi.algorithm.rule import global_decay
+from gem_mpi.algorithm.stepsize import Schedule, clip
 from gem_mpi.config import ADAPTIVE, GEM, PROXY_GLOBAL, PROXY_LOCAL, SHIFT_OTHERS, SHIFT_PAPER
 from gem_mpi.problem.quadratic import Quadratic
 
@@ -41,11 +42,13 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
            momentum: float = 0.9, kappa: float = 1.0, pi_max: float = 5.0,
            eps: float = 1e-16, keep_pi: bool = False, window: int = 1000,
            shift: str = SHIFT_OTHERS, proxy: str = PROXY_LOCAL,
-           n_workers: int | None = None) -> Replay:
+           n_workers: int | None = None, schedule: Schedule | None = None,
+           clip_norm: float = 0.0) -> Replay:
     """Replay the applied updates of ``log`` (columns worker, version_pulled, staleness, in
-    clock order) on ``q``. Only the last ``window`` versions of θ are kept for the pulls.
-    ``n_workers``: the run's (the global proxy's decay depends on it; default: the workers
-    in the log)."""
+    clock order; and seq with a ``schedule``) on ``q``. Only the last ``window`` versions of
+    θ are kept for the pulls. ``n_workers``: the run's (the global proxy's decay depends on
+    it; default: the workers in the log). ``schedule``: η of each worker's step (default:
+    ``lr`` throughout); ``clip_norm``: the gradient's clipping (0: none)."""
     theta = q.theta0()
     if n_workers is None:
         n_workers = len(set(log["worker"].tolist()))
@@ -56,15 +59,17 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
     m: dict[int, np.ndarray] = {}
     before_own: dict[int, np.ndarray] = {}  # paper: θ just before w's previous update
     out = Replay(theta)
-    for clock, (w, pulled, tau) in enumerate(zip(log["worker"].tolist(),
-                                                 log["version_pulled"].tolist(),
-                                                 log["staleness"].tolist())):
+    seqs = log["seq"].tolist() if schedule is not None else [0] * len(log["worker"])
+    for clock, (w, pulled, tau, seq) in enumerate(zip(log["worker"].tolist(),
+                                                      log["version_pulled"].tolist(),
+                                                      log["staleness"].tolist(), seqs)):
         if w not in targets:
             targets[w], m[w] = q.target(w), np.zeros(q.dim, f32)
         s = versions[pulled]  # the θ this worker pulled: exact version label
         diff = s - targets[w]
         out.losses.append(0.5 * float(np.dot(q.h * diff, diff)))
-        delta = f32(-lr) * (q.h * diff)
+        eta = f32(lr) if schedule is None else schedule.eta(seq)
+        delta = f32(-eta) * clip(q.h * diff, clip_norm)
         if method == GEM:
             if proxy == PROXY_GLOBAL:
                 m_global = mu_g * m_global + gain * delta

@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 
-from gem_mpi.config import Config
+from gem_mpi.algorithm.stepsize import Schedule
+from gem_mpi.config import AMP_BF16, Config
 from gem_mpi.errors import GemError, UsageError
 from gem_mpi.outputs.checkpoint import Checkpoint
 from gem_mpi.problem import Problem, build_problem, flatten, load_theta, unflatten
@@ -110,6 +111,9 @@ class SyncTrainer:
         hvd.broadcast_optimizer_state(self.opt, root_rank=ROOT)
         self.seed, self.step_count = cfg.data.seed, start_step
         self.steps, self.batches = data_stream(cfg.data, self.worker, self.n_workers, start_step)
+        self.schedule = Schedule.of(cfg.optim, self.steps)  # η per step, as the workers'
+        self.clip_norm = cfg.optim.clip_grad_norm
+        self.amp = torch.bfloat16 if cfg.optim.amp == AMP_BF16 else None
         self.slow_factor = slowness(cfg, self.n_workers, self.worker)
 
     def _set_momentum(self, opt: object, flat: np.ndarray) -> None:
@@ -121,12 +125,19 @@ class SyncTrainer:
         """One synchronous step: (this worker's loss, its compute seconds, seconds waited for
         the averaged gradient)."""
         t0 = time.perf_counter()
-        seed_dropout(self.seed, self.worker, self.step_count)
+        torch = self.torch
+        step = self.step_count
+        seed_dropout(self.seed, self.worker, step)
         self.step_count += 1
+        if not self.schedule.constant:
+            for group in self.opt.param_groups:
+                group["lr"] = float(self.schedule.eta(step))
         x, y = next(self.batches)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.opt.zero_grad()
-        loss = self.loss(self.model(x), y)
+        with torch.autocast(self.device.type, dtype=self.amp or torch.float32,
+                            enabled=self.amp is not None):
+            loss = self.loss(self.model(x), y)
         loss.backward()  # Horovod's hooks start the allreduces here, tensor by tensor
         value = float(loss.detach())
         compute_s = time.perf_counter() - t0
@@ -134,7 +145,13 @@ class SyncTrainer:
             time.sleep((self.slow_factor - 1.0) * compute_s)
             compute_s *= self.slow_factor
         t1 = time.perf_counter()
-        self.opt.step()  # waits for every worker's gradient, averaged
+        if self.clip_norm > 0:  # the averaged gradient, as the workers clip theirs
+            self.opt.synchronize()  # waits for every worker's gradient, averaged
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip_norm)
+            with self.opt.skip_synchronize():
+                self.opt.step()
+        else:
+            self.opt.step()  # waits for every worker's gradient, averaged
         return value, compute_s, time.perf_counter() - t1
 
     def theta(self) -> np.ndarray:

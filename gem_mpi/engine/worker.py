@@ -21,7 +21,8 @@ import numpy as np
 
 from gem_mpi.algorithm.kernel import load_extension
 from gem_mpi.algorithm.rule import WorkerRule
-from gem_mpi.config import PIPELINED, Config, DataConfig, OptimConfig
+from gem_mpi.algorithm.stepsize import Schedule, clip
+from gem_mpi.config import AMP_BF16, PIPELINED, Config, DataConfig, OptimConfig
 from gem_mpi.engine.shards import Plan
 from gem_mpi.outputs import checkpoint
 from gem_mpi.problem import Problem, unflatten
@@ -41,13 +42,20 @@ class _QuadraticSteps:
         self.target = self.q.target(rank)
         self.steps = data.max_steps or data.epochs * max(1, data.synthetic_size //
                                                          data.batch_size)
+        self.schedule = Schedule.of(optim, self.steps)
+        self.clip_norm = optim.clip_grad_norm
+        self.plain = self.schedule.constant and self.clip_norm == 0  # Quadratic.step as is
         self.device = "cpu (numpy)"
         self.load_s = 0.0  # Δθ is computed on the pulled θ in place
         self.gpu_s = float("nan")
         self.pull_buffer = None  # pulls land in the endpoint's own buffer
 
     def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
-        return self.q.step(theta, self.target, self.lr)
+        if self.plain:
+            return self.q.step(theta, self.target, self.lr)
+        diff = theta - self.target
+        loss = 0.5 * float(np.dot(self.q.h * diff, diff))
+        return -self.schedule.eta(seq) * clip(self.q.h * diff, self.clip_norm), loss
 
     def host(self, a: np.ndarray) -> np.ndarray:
         return a
@@ -85,6 +93,9 @@ class _TorchSteps:
         self.delta = torch.empty(n, dtype=torch.float32, device=self.device)  # Δθ on the device
         self.steps, self.batches = data_stream(cfg.data, rank, n_workers, start_seq)
         self.lr = cfg.optim.lr
+        self.schedule = Schedule.of(cfg.optim, self.steps)
+        self.clip_norm = cfg.optim.clip_grad_norm
+        self.amp = torch.bfloat16 if cfg.optim.amp == AMP_BF16 else None
         self._bound: int | None = None  # the host θ the CPU parameters view
         self.pull_buffer: np.ndarray | None = None  # where the worker's pulls land (GPU)
         self._next: tuple | None = None  # (seq, x, y, ready event): a batch on its way (GPU)
@@ -174,11 +185,16 @@ class _TorchSteps:
         self.load_s += time.perf_counter() - t
         x, y = self._batch(seq)
         self._grad.zero_()
-        loss = self.loss(self.model(x), y)
-        loss.backward()  # accumulates into the views of self._grad
+        with torch.autocast(self.device.type, dtype=self.amp or torch.float32,
+                            enabled=self.amp is not None):
+            loss = self.loss(self.model(x), y)
+        loss.backward()  # accumulates into the views of self._grad (float32 parameters)
         if seq == self._first_seq:
             self._check_grads()
-        torch.mul(self._grad, -self.lr, out=self.delta)  # Δθ, on the device
+        if self.clip_norm > 0:  # before Δθ, and so before GEM's momentum fold
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip_norm)
+        lr = self.lr if self.schedule.constant else float(self.schedule.eta(seq))
+        torch.mul(self._grad, -lr, out=self.delta)  # Δθ, on the device
         if not self.on_gpu:
             return self.delta.numpy(), float(loss.detach())
         done = self._to_host(((self.delta, self._delta_host),

@@ -9,6 +9,7 @@ paths work in a bare torch + numpy environment.
 from __future__ import annotations
 
 import gzip
+import itertools
 import math
 import os
 import struct
@@ -46,6 +47,7 @@ _MNIST_CLASSES = 10
 _ALEXNET_MIN_SIZE = 64
 _SYNTHETIC_DEFAULT_SIZE = {"train": 60_000, "test": 10_000}
 _U64 = (1 << 64) - 1
+_STATISTICS_SEED = 0x5BA7C4  # the BatchNorm statistics' batches: a stream of their own
 
 
 @dataclass(frozen=True)
@@ -710,3 +712,14 @@ def iterate_batches(
 
     # A plain function returning a generator: bad arguments fail here, not at the first batch.
     return split._batches(plan(), seed, shard_index, start)
+
+
+def statistics_batches(data: DataConfig, count: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The ``count`` training batches (of --batch-size, as the workers see them) that rank 0
+    recomputes BatchNorm statistics on: always the same ones (their own fixed shuffle), so
+    an evaluation is a function of θ alone."""
+    split = training_split(data, synthetic_size=data.synthetic_size)
+    batch = min(data.batch_size, len(split))
+    epochs = -(-count // (len(split) // batch))  # enough for ``count`` batches
+    stream = iterate_batches(split, batch, epochs, seed=mix_seed(data.seed, _STATISTICS_SEED))
+    return itertools.islice(stream, count)

@@ -143,3 +143,40 @@ def evaluate(
         return math.nan, math.nan
     # one device sync at the end instead of one per batch
     return loss_sum.item() / n, correct.item() / n if classes else math.nan
+
+
+def has_batch_norm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def recompute_batch_norm(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                         device: torch.device) -> int:
+    """Make every BatchNorm layer's running mean and variance those of the model's current
+    parameters: reset them, then average each layer's batch statistics over ``batches``
+    with equal weight (momentum None), as torch.optim.swa_utils.update_bn does. Unlike
+    update_bn the other modules stay in eval mode, so dropout draws nothing from torch's
+    global generator (which rank 0's evaluation thread shares with the synchronous run's
+    training on the same rank) and the statistics are a function of θ and the batches
+    alone. Returns the batches used (0: no BatchNorm, nothing done)."""
+    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not layers:
+        return 0
+    modes = [(m, m.training) for m in model.modules()]
+    momenta = [m.momentum for m in layers]
+    model.eval()
+    for m in layers:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average over the batches
+        m.train()
+    used = 0
+    try:
+        with torch.no_grad():
+            for x, _ in batches:
+                model(x.to(device, non_blocking=True))
+                used += 1
+    finally:
+        for m, momentum in zip(layers, momenta):
+            m.momentum = momentum
+        for m, training in modes:
+            m.training = training
+    return used

@@ -50,10 +50,15 @@ class Evaluator:
         if q is not None:  # the mean objective over workers' targets ≈ the shared optimum
             diff = theta - q.center
             return 0.5 * float(np.dot(q.h * diff, diff)), float("nan")
-        from gem_mpi.problem.data import iterate_batches  # torch: not for the quadratic
-        from gem_mpi.problem.models import evaluate
+        # torch: not for the quadratic
+        from gem_mpi.problem.data import iterate_batches, statistics_batches
+        from gem_mpi.problem.models import evaluate, recompute_batch_norm
 
         load_theta(self.problem.model, theta)
+        if self.monitor.bn_batches:  # BatchNorm statistics of this θ (none: nothing done)
+            recompute_batch_norm(self.problem.model,
+                                 statistics_batches(self.data, self.monitor.bn_batches),
+                                 self.device)
         batches = iterate_batches(
             self.split, self.monitor.eval_batch_size, 1, 0, shuffle=False, drop_last=False
         )

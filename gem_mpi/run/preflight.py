@@ -18,6 +18,8 @@ from typing import Any
 
 from gem_mpi.algorithm.rule import global_decay
 from gem_mpi.config import (
+    AMP_OFF,
+    COSINE,
     DATASETS,
     GEM,
     HOLDOUT_DATASETS,
@@ -27,10 +29,12 @@ from gem_mpi.config import (
     PROXY_LOCAL,
     QUADRATIC,
     SECTIONS,
+    STEP,
     SYNC,
     WAIT,
     Config,
     DataConfig,
+    OptimConfig,
     OutputConfig,
     flag_of,
     is_plugin,
@@ -114,6 +118,7 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         raise UsageError("--method sync trains torch models (Horovod): --model quadratic is "
                          "for the asynchronous methods only")
     _check_fields(cfg)
+    _check_step_options(cfg)
     if method == GEM and cfg.optim.gem_proxy == PROXY_GLOBAL:
         _check_global_decay(cfg.optim.momentum, n_workers(cfg, world_size))
     out = cfg.outputs
@@ -141,6 +146,9 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
     _check_threads(cfg.runtime.threads)
     if model == QUADRATIC:
         _check_quadratic_memory(cfg, world_size)
+        d = cfg.data
+        _check_schedule(cfg.optim, d.max_steps or d.epochs * max(1, d.synthetic_size
+                                                                  // d.batch_size))
     if model != QUADRATIC:
         loss = make_loss(cfg.data.loss, model)  # a name it knows, or a function it finds
         if data:
@@ -250,6 +258,8 @@ def _check_data(cfg: Config, world_size: int) -> None:
                              f"of {what} to train on")
         n, what = n - d.holdout, f"{what} less --holdout {d.holdout}"
     if n // shards >= d.batch_size:
+        steps = n // shards // d.batch_size * d.epochs
+        _check_schedule(cfg.optim, min(steps, d.max_steps) if d.max_steps else steps)
         return
     if shards > 1:
         raise UsageError(f"--batch-size {d.batch_size} exceeds the {n // shards} training "
@@ -308,3 +318,37 @@ def check_user_code(data: DataConfig, loss: Loss, batch_size: int) -> None:
         if not math.isfinite(float(value)):
             raise UsageError(f"--loss {loss.name} is {float(value)} on the first samples of "
                              f"{split_name!r} at θ₀")
+
+
+def _check_step_options(cfg: Config) -> None:
+    """The schedule's, clipping's and precision's options that cannot work together."""
+    o = cfg.optim
+    if o.lr_schedule == STEP and not o.lr_step_every:
+        raise UsageError("--lr-schedule step needs --lr-step-every N: every how many steps η "
+                         "is multiplied by --lr-gamma")
+    if o.lr_schedule != STEP and o.lr_step_every:
+        raise UsageError(f"--lr-step-every is for --lr-schedule step, not {o.lr_schedule}")
+    if o.lr_schedule != COSINE and (o.lr_decay_steps or o.lr_min):
+        flag = "--lr-decay-steps" if o.lr_decay_steps else "--lr-min"
+        raise UsageError(f"{flag} is for --lr-schedule cosine, not {o.lr_schedule}")
+    if o.lr_schedule == COSINE and o.lr_min >= o.lr:
+        raise UsageError(f"--lr-min {o.lr_min:g} must be below --lr {o.lr:g}: the cosine "
+                         "falls from --lr to --lr-min")
+    if cfg.data.model == QUADRATIC and o.amp != AMP_OFF:
+        raise UsageError(f"--amp {o.amp} is for torch models: --model quadratic computes in "
+                         "float32 numpy")
+
+
+def _check_schedule(optim: OptimConfig, steps: int) -> None:
+    """A warm-up or a cosine that does not fit in a worker's ``steps`` steps would end
+    before the run does, or never finish: one line instead."""
+    if optim.warmup_steps and optim.warmup_steps >= steps:
+        raise UsageError(f"--warmup-steps {optim.warmup_steps} is as long as the run or longer: "
+                         f"each worker takes {steps} steps")
+    decay = optim.lr_decay_steps
+    if optim.lr_schedule == COSINE and decay and decay <= optim.warmup_steps:
+        raise UsageError(f"--lr-decay-steps {decay} must be longer than --warmup-steps "
+                         f"{optim.warmup_steps}: the cosine follows the warm-up")
+    if optim.lr_schedule == COSINE and decay and decay < steps:
+        raise UsageError(f"--lr-decay-steps {decay} ends the schedule before the run: each "
+                         f"worker takes {steps} steps (0: the cosine spans them)")

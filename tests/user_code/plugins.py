@@ -23,6 +23,16 @@ def blobs(split: str) -> TensorDataset:
     return TensorDataset(centers[y] + torch.randn(n, FEATURES, generator=g), y)
 
 
+def bn_cnn() -> nn.Module:
+    """A small CNN with BatchNorm for 28×28 grey images (Fashion-MNIST): its evaluation is
+    right only with running statistics of the trained θ."""
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 64), nn.BatchNorm1d(64), nn.ReLU(),
+        nn.Dropout(0.2), nn.Linear(64, 10))
+
+
 def half_ce(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return 0.5 * nn.functional.cross_entropy(output, target)
 
