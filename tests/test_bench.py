@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, mpi_env, mpirun
+from helpers import REPO, mpi_env, mpirun
 
 
 def test_bench_kernel_reports_ratios_to_numpy_and_triad(tmp_path):

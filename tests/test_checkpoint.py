@@ -18,8 +18,16 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import kill_rank_when, rank_pids, signal_when, train, train_background, wait_until
-from helpers import assert_exactly_once, quadratic_args
+from helpers import (
+    assert_exactly_once,
+    kill_rank_when,
+    quadratic_args,
+    rank_pids,
+    signal_when,
+    train,
+    train_background,
+    wait_until,
+)
 
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.outputs import checkpoint

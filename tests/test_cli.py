@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import PROGS, mpirun, train
-from helpers import quadratic_args
+from helpers import PROGS, mpirun, quadratic_args, train
 
 QUAD = quadratic_args(steps=5)
 SYNTHETIC_CNN = ["--model", "mnist-cnn", "--dataset", "synthetic"]  # after QUAD: overrides it

@@ -15,7 +15,7 @@ from pathlib import Path
 import h5py
 import pytest
 import torch
-from conftest import REPO, mpi_env, mpirun_cmd, signal_when
+from helpers import REPO, mpi_env, mpirun_cmd, signal_when
 
 from gem_mpi.outputs.analysis import load_run
 

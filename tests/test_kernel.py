@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import mpirun
 
 from gem_mpi.algorithm import kernel as gem
 
@@ -449,8 +450,6 @@ def test_the_master_windows_are_first_touched_by_the_kernel(tmp_path):
     """Rank 0's θ window and every stream of every mailbox slot (Δθ, κ|m|, s) are zeroed
     by the kernel's zero, each as one θ-long array (the split the kernel streams it with);
     the headers and the rest are zeroed too."""
-    from conftest import mpirun
-
     prog, out = tmp_path / "touch.py", tmp_path / "touch.json"
     prog.write_text(FIRST_TOUCH)
     res = mpirun(1, [str(prog), str(out)], timeout=120)

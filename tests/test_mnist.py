@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, train
+from helpers import REPO, train
 
 from gem_mpi.config import DataConfig
 from gem_mpi.errors import DataError

@@ -14,8 +14,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import train
-from helpers import quadratic_args
+from helpers import quadratic_args, train
 
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.analysis import load_run

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, mpi_env
+from helpers import REPO, mpi_env
 
 from gem_mpi.reproduce import experiments as ex
 from gem_mpi.reproduce import runner

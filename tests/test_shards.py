@@ -15,8 +15,17 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import PROGS, mpirun, rank_pids, signal_when, train, train_background, wait_until
-from helpers import assert_exactly_once, quadratic_args
+from helpers import (
+    PROGS,
+    assert_exactly_once,
+    mpirun,
+    quadratic_args,
+    rank_pids,
+    signal_when,
+    train,
+    train_background,
+    wait_until,
+)
 
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.outputs.analysis import load_run

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, mpi_env
-from helpers import assert_exactly_once, quadratic_args
+from helpers import REPO, assert_exactly_once, mpi_env, quadratic_args
 
 from gem_mpi.outputs.analysis import RunFileError, RunFollower, load_run
 

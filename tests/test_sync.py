@@ -7,8 +7,16 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import PROGS, mpirun, signal_when, train, train_background
-from helpers import quadratic_args
+from helpers import (
+    PROGS,
+    REPO,
+    mpi_env,
+    mpirun,
+    quadratic_args,
+    signal_when,
+    train,
+    train_background,
+)
 
 from gem_mpi import config
 from gem_mpi.outputs import checkpoint
@@ -86,8 +94,6 @@ def test_four_ranks_learn_fashion_mnist_and_write_the_step_schema(tmp_path):
     import subprocess
     import sys
 
-    from conftest import REPO
-
     out = tmp_path / "report"
     res = subprocess.run([sys.executable, str(REPO / "tools" / "report.py"), str(h5), "-o",
                           str(out)], capture_output=True, text=True, timeout=300, check=False)
@@ -145,8 +151,6 @@ def test_bench_compare_runs_each_method_as_a_real_job(tmp_path):
     import json
     import subprocess
     import sys
-
-    from conftest import REPO, mpi_env
 
     out = tmp_path / "compare.json"
     res = subprocess.run(

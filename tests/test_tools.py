@@ -22,8 +22,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import REPO, mpi_env, train, train_background
-from helpers import quadratic_args
+from helpers import REPO, mpi_env, quadratic_args, train, train_background
 
 from gem_mpi.outputs.analysis import RunFileError, RunFollower, smooth, weighted_row_median
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from conftest import train
+from helpers import train
 
 from gem_mpi.outputs.analysis import load_run
 from gem_mpi.problem.data import dataset_spec

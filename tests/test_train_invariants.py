@@ -11,8 +11,7 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import PROGS, mpirun, train
-from helpers import assert_exactly_once, quadratic_args
+from helpers import PROGS, assert_exactly_once, mpirun, quadratic_args, train
 
 from gem_mpi.algorithm.kernel import HIST_BINS
 from gem_mpi.algorithm.reference import replay

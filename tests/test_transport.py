@@ -6,8 +6,7 @@ import json
 from collections import Counter
 
 import numpy as np
-from conftest import PROGS, mpirun
-from helpers import assert_exactly_once
+from helpers import PROGS, assert_exactly_once, mpirun
 
 
 def _stress(tmp_path, ranks: int, n_params: int, steps: int, delay: float = 0.0) -> dict:

@@ -2,8 +2,7 @@
 
 import sys
 
-from gem_mpi import train
-from gem_mpi import session
+from gem_mpi import session, train
 
 bad_rank = int(sys.argv[1])
 real_run = session.run
