@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes.util
+import multiprocessing.process
 import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -13,6 +19,58 @@ import pytest
 # the listed ones that happened are printed at the end. Entries are node ids (a
 # parametrized test's id without its [...] part, or a module's path for a whole module).
 ALLOWED_SKIPS: tuple[tuple[str, str], ...] = ()
+
+
+# --- the mpi marker: a test that starts a process says so -----------------------------------
+
+_NOT_MARKED = ("{what} in a test without the mpi marker: mark this test @pytest.mark.mpi (it "
+               "launches mpirun or another process, so it is left out of pytest -m 'not mpi')")
+
+
+def _refuse(what: str, original: Callable) -> Callable:
+    def refused(*args, **kwargs):
+        frame = sys._getframe(1)
+        while frame is not None:  # a library looking itself up (ctypes.util.find_library
+            if frame.f_code.co_filename == ctypes.util.__file__:  # runs ldconfig) is not
+                return original(*args, **kwargs)  # the test's process
+            frame = frame.f_back
+        raise RuntimeError(_NOT_MARKED.format(what=what))
+    return refused
+
+
+@contextlib.contextmanager
+def _no_processes() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess.Popen, "__init__",
+                   _refuse("subprocess.Popen", subprocess.Popen.__init__))
+        mp.setattr(multiprocessing.process.BaseProcess, "start",
+                   _refuse("multiprocessing's Process.start",
+                           multiprocessing.process.BaseProcess.start))
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "spawnv", "spawnve",
+                     "spawnvp", "spawnvpe"):
+            if hasattr(os, name):
+                mp.setattr(os, name, _refuse(f"os.{name}", getattr(os, name)))
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """``pytest -m "not mpi"`` is the fast loop: every test without the mpi marker runs in
+    this process. Enforced: while such a test's fixtures are set up (a module's too) and while
+    it runs, starting a process fails at once with the line that says how to mark it. (Not
+    while fixtures are torn down: a module's fixture may be finalised after its last test.)"""
+    if item.get_closest_marker("mpi") is not None:
+        return (yield)
+    with _no_processes():
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("mpi") is not None:
+        return (yield)
+    with _no_processes():
+        return (yield)
 
 
 # --- GEM_MPI_NO_SKIPS: skips are failures (see ALLOWED_SKIPS above) --------------------------

@@ -34,6 +34,8 @@ from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.analysis import load_run
 from gem_mpi.problem.quadratic import Quadratic
 
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
+
 DIM, STEPS, WORKERS, LR = 2000, 15000, 4, 0.05
 
 

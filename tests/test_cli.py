@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from helpers import PROGS, mpirun, quadratic_args, train
 
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
+
 QUAD = quadratic_args(steps=5)
 SYNTHETIC_CNN = ["--model", "mnist-cnn", "--dataset", "synthetic"]  # after QUAD: overrides it
 FASHION_CNN = ["--model", "mnist-cnn", "--dataset", "fashion-mnist"]

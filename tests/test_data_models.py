@@ -322,6 +322,7 @@ def test_evaluate(test_split: data.Split) -> None:
     assert cnn.training
 
 
+@pytest.mark.mpi
 def test_mnist_path_never_imports_torchvision() -> None:
     code = textwrap.dedent("""
         import sys

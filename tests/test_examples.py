@@ -19,6 +19,8 @@ from helpers import REPO, mpi_env, mpirun_cmd, signal_when
 
 from gem_mpi.outputs.analysis import load_run
 
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
+
 EXAMPLES = REPO / "examples"
 USER_CODE = REPO / "tests" / "user_code"
 REGRESSION = ["--model", "regression:make_model", "--dataset", "regression:make_dataset",

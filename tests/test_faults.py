@@ -16,6 +16,8 @@ from helpers import PROGS, REPO, mpi_env, mpirun, quadratic_args, signal_when
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.analysis import load_run
 
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
+
 QUAD = quadratic_args(dim=2000)
 
 

@@ -446,6 +446,7 @@ json.dump({"ok": bool(ok), "calls": len(calls)}, open(sys.argv[1], "w"))
 """
 
 
+@pytest.mark.mpi
 def test_the_master_windows_are_first_touched_by_the_kernel(tmp_path):
     """Rank 0's θ window and every stream of every mailbox slot (Δθ, κ|m|, s) are zeroed
     by the kernel's zero, each as one θ-long array (the split the kernel streams it with);

@@ -29,6 +29,8 @@ from helpers import (
 )
 from stacks import SELECTED, STACKS, WHEEL_STACKS, launch, stack_command
 
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
+
 
 @pytest.mark.parametrize("stack", SELECTED)
 def test_transport_and_training_on_each_stack(stack, tmp_path):

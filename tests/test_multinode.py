@@ -34,6 +34,8 @@ from helpers import (
 )
 from stacks import launch, stack_command
 
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
+
 SLOTS = [1, 2, 2]  # the master alone on node 0, two workers on each of nodes 1 and 2
 # Open MPI across nodes over TCP: osc pt2pt (what gem_mpi's refusal names; osc rdma cannot
 # make windows over btl tcp), no binding (every "node" has the same two cores).

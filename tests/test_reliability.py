@@ -9,9 +9,12 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pytest
 from helpers import PROGS, mpirun, quadratic_args, rank_pids, train, train_background
 
 from gem_mpi.outputs.analysis import load_run
+
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 QUAD = quadratic_args(dim=2000)
 

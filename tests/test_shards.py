@@ -32,6 +32,8 @@ from gem_mpi.outputs.analysis import load_run
 from gem_mpi.problem.quadratic import Quadratic
 from gem_mpi.protocol import shard_cut
 
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
+
 DIM, WORKERS, LR, MU = 2000, 4, 0.05, 0.9
 
 

@@ -25,6 +25,8 @@ from helpers import REPO, assert_exactly_once, mpi_env, quadratic_args
 
 from gem_mpi.outputs.analysis import RunFileError, RunFollower, load_run
 
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
+
 JOBS = REPO / "jobs"
 # the numpy test problem: no torch in any rank, so 101 ranks fit in memory (tools/scale.sh)
 QUAD = " ".join(quadratic_args(dim=1000, eval_every=0, poll_max_ms=20))

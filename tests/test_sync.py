@@ -22,6 +22,8 @@ from gem_mpi import config
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.analysis import RunFileError, load_run
 
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
+
 hvd = pytest.importorskip("horovod.torch", reason="tools/install.sh builds Horovod")
 
 

@@ -19,6 +19,8 @@ from gem_mpi.outputs.analysis import load_run
 from gem_mpi.problem.quadratic import Quadratic
 from gem_mpi.protocol import WORKER_TIME_SPLIT
 
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
+
 DIM, STEPS, WORKERS, LR, MU = 2000, 60, 4, 0.05, 0.9
 
 
