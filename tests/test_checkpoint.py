@@ -139,13 +139,13 @@ def test_incompatible_or_corrupt_checkpoint_is_one_line(tmp_path):
     ckpt = next(tmp_path.glob("checkpoint_*.h5"))
     other = train(WORKERS + 1, *_args(tmp_path, "--max-steps", "200", "--quadratic-dim", "3000",
                                       "--resume", str(ckpt)), timeout=120)
-    assert other.returncode != 0
+    assert other.returncode == 2, other.stderr  # refused before it started
     assert other.stderr.count("--quadratic-dim was 2000, now 3000") == 1
     assert "Traceback" not in other.stderr
     bad = tmp_path / "bad.h5"
     bad.write_bytes(b"not hdf5 at all" * 10)
     res = train(WORKERS + 1, *_args(tmp_path, "--resume", str(bad)), timeout=120)
-    assert res.returncode != 0
+    assert res.returncode == 2, res.stderr
     assert res.stderr.count("not a readable checkpoint") == 1
     assert "Traceback" not in res.stderr
 
