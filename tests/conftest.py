@@ -1,19 +1,16 @@
-"""Shared helpers: every multi-rank test launches a real ``mpirun`` in a subprocess."""
+"""pytest's hooks and fixtures for the suite; what tests share is in tests/helpers.py."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes.util
+import multiprocessing.process
 import os
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-PROGS = Path(__file__).resolve().parent / "mpi_progs"
 
 # Skips are failures on CI. tools/test.sh installs everything the suites need (Open MPI,
 # Debian's Fashion-MNIST, Horovod) and CI runs it as root (mounts, Slurm), so there a
@@ -24,98 +21,56 @@ PROGS = Path(__file__).resolve().parent / "mpi_progs"
 ALLOWED_SKIPS: tuple[tuple[str, str], ...] = ()
 
 
-def mpi_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+# --- the mpi marker: a test that starts a process says so -----------------------------------
+
+_NOT_MARKED = ("{what} in a test without the mpi marker: mark this test @pytest.mark.mpi (it "
+               "launches mpirun or another process, so it is left out of pytest -m 'not mpi')")
 
 
-def mpirun_cmd(n: int, args: list[str]) -> list[str]:
-    return ["mpirun", "--oversubscribe", "-n", str(n), sys.executable, *args]
+def _refuse(what: str, original: Callable) -> Callable:
+    def refused(*args, **kwargs):
+        frame = sys._getframe(1)
+        while frame is not None:  # a library looking itself up (ctypes.util.find_library
+            if frame.f_code.co_filename == ctypes.util.__file__:  # runs ldconfig) is not
+                return original(*args, **kwargs)  # the test's process
+            frame = frame.f_back
+        raise RuntimeError(_NOT_MARKED.format(what=what))
+    return refused
 
 
-def mpirun(n: int, args: list[str], timeout: float = 300, cwd: Path | None = None
-           ) -> subprocess.CompletedProcess:
-    """Run ``args`` (after the python executable) on n ranks; never hangs past ``timeout``."""
-    return subprocess.run(mpirun_cmd(n, args), capture_output=True, text=True, timeout=timeout,
-                          check=False, env=mpi_env(), cwd=str(cwd or REPO))
+@contextlib.contextmanager
+def _no_processes() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess.Popen, "__init__",
+                   _refuse("subprocess.Popen", subprocess.Popen.__init__))
+        mp.setattr(multiprocessing.process.BaseProcess, "start",
+                   _refuse("multiprocessing's Process.start",
+                           multiprocessing.process.BaseProcess.start))
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "spawnv", "spawnve",
+                     "spawnvp", "spawnvpe"):
+            if hasattr(os, name):
+                mp.setattr(os, name, _refuse(f"os.{name}", getattr(os, name)))
+        yield
 
 
-def train(n: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return mpirun(n, ["-m", "gem_mpi.train", *args], timeout=timeout)
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """``pytest -m "not mpi"`` is the fast loop: every test without the mpi marker runs in
+    this process. Enforced: while such a test's fixtures are set up (a module's too) and while
+    it runs, starting a process fails at once with the line that says how to mark it. (Not
+    while fixtures are torn down: a module's fixture may be finalised after its last test.)"""
+    if item.get_closest_marker("mpi") is not None:
+        return (yield)
+    with _no_processes():
+        return (yield)
 
 
-def train_background(n: int, *args: str, env: dict[str, str] | None = None
-                     ) -> subprocess.Popen:
-    """Start a training job and return at once (in its own session; stdout discarded,
-    stderr piped): for tests that watch or kill a run while it trains. The caller ends it."""
-    return subprocess.Popen(mpirun_cmd(n, ["-m", "gem_mpi.train", *args]),
-                            env={**mpi_env(), **(env or {})}, cwd=str(REPO),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-
-
-def wait_until(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float = 90) -> None:
-    """Poll ``ready()`` while the background job runs; fail if it ends or times out first."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.monotonic() < deadline, "the job never got ready"
-        time.sleep(0.1)
-
-
-def signal_when(proc: subprocess.Popen, ready: Callable[[], bool], sig: int = signal.SIGUSR1,
-                whole_job: bool = False, timeout: float = 120) -> str:
-    """Once ``ready()`` (the job still running), send ``sig`` to mpirun (or, ``whole_job``,
-    to every process of the job, as a scheduler does); returns the job's stderr after it
-    ended. The job is killed whatever happens."""
-    try:
-        wait_until(proc, ready, timeout)
-        if whole_job:
-            os.killpg(proc.pid, sig)
-        else:
-            proc.send_signal(sig)
-        return proc.communicate(timeout=60)[1]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-def kill_rank_when(proc: subprocess.Popen, ready: Callable[[], bool], rank: int) -> int:
-    """Once ``ready()``, SIGKILL MPI rank ``rank`` of the job (a node lost, an OOM kill);
-    returns the job's exit code once it ended. The job is killed whatever happens."""
-    try:
-        wait_until(proc, ready)
-        os.kill(rank_pids(proc)[rank], signal.SIGKILL)
-        proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    return proc.returncode
-
-
-def rank_pids(proc: subprocess.Popen) -> dict[int, int]:
-    """MPI rank -> pid of the ranks a background mpirun started (from their environment)."""
-    out = {}
-    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True,
-                              check=False).stdout.split()
-    for pid in map(int, children):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for item in environ:
-            if item.startswith(b"OMPI_COMM_WORLD_RANK="):
-                out[int(item.split(b"=")[1])] = pid
-    return out
-
-
-@pytest.fixture
-def run_train():
-    return train
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("mpi") is not None:
+        return (yield)
+    with _no_processes():
+        return (yield)
 
 
 # --- GEM_MPI_NO_SKIPS: skips are failures (see ALLOWED_SKIPS above) --------------------------

@@ -9,9 +9,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, mpi_env, mpirun
+from helpers import REPO, mpi_env, mpirun
 
 
+@pytest.mark.mpi
 def test_bench_kernel_reports_ratios_to_numpy_and_triad(tmp_path):
     from gem_mpi.bench import kernel as bench
 
@@ -76,6 +77,7 @@ def test_bench_kernel_refuses_to_time_a_torch_step_that_differs_from_the_referen
             "reference") in out
 
 
+@pytest.mark.mpi
 def test_bench_master_splits_the_masters_time(tmp_path):
     out = tmp_path / "m.json"
     res = mpirun(3, ["-m", "gem_mpi.bench", "master", "--sizes", "5000", "--updates", "200",
@@ -91,6 +93,7 @@ def test_bench_master_splits_the_masters_time(tmp_path):
     assert abs(sum(row["time_split"].values()) - 1.0) < 0.2  # wait+apply+metrics+mpi ≈ wall
 
 
+@pytest.mark.mpi
 def test_bench_master_puts_k_masters_side_by_side(tmp_path):
     """--masters 1 2: a row each, with the same workers; every update applied by every
     shard, and the busiest master streams half the bytes with θ cut in two."""
@@ -106,6 +109,7 @@ def test_bench_master_puts_k_masters_side_by_side(tmp_path):
     assert "bytes/master" in res.stdout
 
 
+@pytest.mark.mpi
 def test_bench_transport_compares_get_put_with_memcpy(tmp_path):
     out = tmp_path / "t.json"
     res = mpirun(2, ["-m", "gem_mpi.bench", "transport", "--sizes", "10000", "--json",
@@ -115,6 +119,7 @@ def test_bench_transport_compares_get_put_with_memcpy(tmp_path):
     assert row["floats"] == 10000 and "Get/memcpy" in res.stdout
 
 
+@pytest.mark.mpi
 def test_bench_overhead_measures_the_ceiling_and_splits_every_rank_s_time(tmp_path):
     """Real runs: the ceiling processes, then GEM with 2 workers and 1 or 2 masters; each
     worker's timers and the master's must account for (nearly) all of their wall time, the
@@ -155,6 +160,7 @@ def test_bench_overhead_measures_the_ceiling_and_splits_every_rank_s_time(tmp_pa
     assert "pipelined, 2 master(s), 2 worker(s), via 1: ratio" in res.stdout  # the medians
 
 
+@pytest.mark.mpi
 def test_bench_gpu_dry_run_checks_learning_theta_and_the_masters_kernel(tmp_path):
     """The GPU check's own path, on the CPU (--cpu; CI has no GPU): calibration, both worker
     modes as real mpirun jobs of a user's model and dataset, the verdicts in the JSON."""

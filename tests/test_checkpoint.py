@@ -18,13 +18,23 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import kill_rank_when, rank_pids, signal_when, train, train_background, wait_until
-from helpers import assert_exactly_once, quadratic_args
+from helpers import (
+    assert_exactly_once,
+    kill_rank_when,
+    quadratic_args,
+    rank_pids,
+    signal_when,
+    train,
+    train_background,
+    wait_until,
+)
 
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.analysis import load_run
 from gem_mpi.problem.quadratic import Quadratic
+
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 DIM, STEPS, WORKERS, LR = 2000, 15000, 4, 0.05
 
@@ -129,13 +139,13 @@ def test_incompatible_or_corrupt_checkpoint_is_one_line(tmp_path):
     ckpt = next(tmp_path.glob("checkpoint_*.h5"))
     other = train(WORKERS + 1, *_args(tmp_path, "--max-steps", "200", "--quadratic-dim", "3000",
                                       "--resume", str(ckpt)), timeout=120)
-    assert other.returncode != 0
+    assert other.returncode == 2, other.stderr  # refused before it started
     assert other.stderr.count("--quadratic-dim was 2000, now 3000") == 1
     assert "Traceback" not in other.stderr
     bad = tmp_path / "bad.h5"
     bad.write_bytes(b"not hdf5 at all" * 10)
     res = train(WORKERS + 1, *_args(tmp_path, "--resume", str(bad)), timeout=120)
-    assert res.returncode != 0
+    assert res.returncode == 2, res.stderr
     assert res.stderr.count("not a readable checkpoint") == 1
     assert "Traceback" not in res.stderr
 

@@ -168,10 +168,12 @@ def test_synthetic_is_deterministic_and_shaped() -> None:
 
 
 def test_check_dataset_accepts_real_and_copied_data(tmp_path: Path) -> None:
-    data.check_dataset("fashion-mnist", None)
-    data.check_dataset("fashion-mnist", str(_fashion_copy(tmp_path / "FashionMNIST" / "raw")))
-    data.check_dataset("fashion-mnist", str(tmp_path))  # finds FashionMNIST/raw/ below it
-    data.check_dataset("synthetic", None)
+    """It returns the number of training samples (0 for synthetic data: it has no files)."""
+    assert data.check_dataset("fashion-mnist", None) == 60000
+    copy = _fashion_copy(tmp_path / "FashionMNIST" / "raw")
+    assert data.check_dataset("fashion-mnist", str(copy)) == 60000
+    assert data.check_dataset("fashion-mnist", str(tmp_path)) == 60000  # FashionMNIST/raw/ below
+    assert data.check_dataset("synthetic", None) == 0
 
 
 def _spoiled(tmp_path: Path, name: str, content: bytes) -> Path:
@@ -322,6 +324,7 @@ def test_evaluate(test_split: data.Split) -> None:
     assert cnn.training
 
 
+@pytest.mark.mpi
 def test_mnist_path_never_imports_torchvision() -> None:
     code = textwrap.dedent("""
         import sys

@@ -15,9 +15,11 @@ from pathlib import Path
 import h5py
 import pytest
 import torch
-from conftest import REPO, mpi_env, mpirun_cmd, signal_when
+from helpers import REPO, mpi_env, mpirun_cmd, signal_when
 
 from gem_mpi.outputs.analysis import load_run
+
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 EXAMPLES = REPO / "examples"
 USER_CODE = REPO / "tests" / "user_code"

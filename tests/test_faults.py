@@ -11,11 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PROGS, REPO, mpi_env, signal_when
-from helpers import quadratic_args
+from helpers import PROGS, REPO, mpi_env, mpirun, quadratic_args, signal_when
 
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.analysis import load_run
+
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 QUAD = quadratic_args(dim=2000)
 
@@ -78,8 +79,6 @@ def test_every_rank_exits_with_the_code_of_the_run(tmp_path, ending, code):
 
 def test_a_run_whose_every_update_is_rejected_does_not_exit_0(tmp_path):
     """Every worker sends NaN from its first update: θ never moves; that is no success."""
-    from conftest import mpirun
-
     res = mpirun(3, [str(PROGS / "poison_worker.py"), "all", *QUAD, "--method", "downpour",
                      "--max-steps", "20", "--eval-every", "0"], timeout=120)
     assert res.returncode == 1, res.stderr
@@ -92,8 +91,6 @@ def test_a_worker_hung_inside_a_pull_holds_nothing_the_master_waits_for(tmp_path
     lock, so the master blocked inside Win.Lock (in C: no timeout, no signal, no checkpoint);
     now a pull holds nothing, the other workers go on, and the worker timeout ends the job
     with a checkpoint."""
-    from conftest import mpirun
-
     t0 = time.monotonic()
     res = mpirun(4, [str(PROGS / "stuck_in_pull.py"), "2", "30", *QUAD, "--method",
                      "downpour", "--max-steps", "3000", "--eval-every", "0",

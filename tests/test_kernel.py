@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import mpirun
 
 from gem_mpi.algorithm import kernel as gem
 
@@ -445,12 +446,11 @@ json.dump({"ok": bool(ok), "calls": len(calls)}, open(sys.argv[1], "w"))
 """
 
 
+@pytest.mark.mpi
 def test_the_master_windows_are_first_touched_by_the_kernel(tmp_path):
     """Rank 0's θ window and every stream of every mailbox slot (Δθ, κ|m|, s) are zeroed
     by the kernel's zero, each as one θ-long array (the split the kernel streams it with);
     the headers and the rest are zeroed too."""
-    from conftest import mpirun
-
     prog, out = tmp_path / "touch.py", tmp_path / "touch.json"
     prog.write_text(FIRST_TOUCH)
     res = mpirun(1, [str(prog), str(out)], timeout=120)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, train
+from helpers import REPO, train
 
 from gem_mpi.config import DataConfig
 from gem_mpi.errors import DataError
@@ -151,6 +151,7 @@ def test_conversion_gives_mnist_with_its_validation_set_last(tmp_path: Path) -> 
     assert mp.check(tmp_path) is None
 
 
+@pytest.mark.mpi
 def test_three_gem_workers_learn_mnist_in_one_epoch(tmp_path: Path) -> None:
     """The paper's net, 1 master + 3 GEM workers, each one epoch of MNIST's 60 000 (2811
     updates): 98.5-98.7 % in 20-26 s with start-up on 2 cores (measured 2026-12-03)."""
@@ -169,6 +170,7 @@ def test_three_gem_workers_learn_mnist_in_one_epoch(tmp_path: Path) -> None:
     assert run.summary["test_accuracy"] >= 0.97, (run.summary, wall)
 
 
+@pytest.mark.mpi
 def test_holdout_trains_on_50000_and_evaluates_on_the_validation_set(tmp_path: Path) -> None:
     """--holdout 10000 on MNIST: every worker's epoch is 50 000 images (781 steps of 64), and
     the evaluations (the end line, /eval, /summary) are of the 10 000 held out."""

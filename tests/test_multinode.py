@@ -21,16 +21,20 @@ import sys
 
 import netns
 import pytest
-from conftest import PROGS, REPO, mpi_env
 from helpers import (
+    PROGS,
+    REPO,
     assert_learns,
     assert_resumed_exactly_once,
     assert_stress_report,
     kill_run_args,
     kill_worker_mid_run,
+    mpi_env,
     quadratic_args,
 )
-from test_mpi_stacks import MPICH_LIB, STACKS, launch, stack_command
+from stacks import launch, stack_command
+
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 SLOTS = [1, 2, 2]  # the master alone on node 0, two workers on each of nodes 1 and 2
 # Open MPI across nodes over TCP: osc pt2pt (what gem_mpi's refusal names; osc rdma cannot
@@ -38,9 +42,6 @@ SLOTS = [1, 2, 2]  # the master alone on node 0, two workers on each of nodes 1 
 TCP = ["--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp", "--bind-to", "none"]
 ACROSS = [*TCP, "--mca", "osc", "pt2pt"]
 SM_KEY = "alloc_shared_noncontig"  # the window info key only Open MPI's osc sm sets
-STACKS["mpich-cliques"] = ("mpiexec.mpich", [], {"MPI4PY_MPIABI": "mpich",
-                                                 "LD_LIBRARY_PATH": str(MPICH_LIB),
-                                                 "MPIR_CVAR_NUM_CLIQUES": "2"})
 
 
 @pytest.fixture(scope="module")

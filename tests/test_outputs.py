@@ -14,8 +14,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import train
-from helpers import quadratic_args
+from helpers import quadratic_args, train
 
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.analysis import load_run
@@ -51,6 +50,7 @@ def _error_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("gem_mpi:") and "error" in ln]
 
 
+@pytest.mark.mpi
 def test_low_space_stops_cleanly_and_resume_finishes(small_fs, tmp_path):
     fs = small_fs("4m")
     h5, ck = fs / "run.h5", tmp_path / "ck"
@@ -77,6 +77,7 @@ def test_low_space_stops_cleanly_and_resume_finishes(small_fs, tmp_path):
     assert np.array_equal(run.updates["clock"], np.arange(60000))
 
 
+@pytest.mark.mpi
 def test_disk_full_while_writing_metrics_is_one_line_and_a_readable_file(small_fs, tmp_path):
     fs = small_fs("1m")
     h5, ck = fs / "run.h5", tmp_path / "ck"
@@ -98,6 +99,7 @@ def test_disk_full_while_writing_metrics_is_one_line_and_a_readable_file(small_f
     assert checkpoint.latest(str(ck)) is not None
 
 
+@pytest.mark.mpi
 def test_checkpoint_on_a_full_disk_leaves_no_partial_file(small_fs, tmp_path):
     ck = small_fs("64k")  # θ of 100 000 floats (400 kB) cannot fit
     res = train(3, *quadratic_args(method="downpour", dim=100000, steps=3000, eval_every=0,
@@ -111,6 +113,7 @@ def test_checkpoint_on_a_full_disk_leaves_no_partial_file(small_fs, tmp_path):
     assert load_run(tmp_path / "run.h5").summary["finished"] == 0.0
 
 
+@pytest.mark.mpi
 def test_save_that_does_not_fit_leaves_no_partial_file(small_fs, tmp_path):
     fs = small_fs("64k")  # θ of 100 000 floats (400 kB) cannot fit
     res = train(3, *quadratic_args(method="downpour", dim=100000, steps=20, eval_every=0,
@@ -124,6 +127,7 @@ def test_save_that_does_not_fit_leaves_no_partial_file(small_fs, tmp_path):
     assert checkpoint.latest(str(tmp_path)) is not None  # θ itself is not lost
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("option", ["--metrics", "--save", "--checkpoint-dir"])
 def test_read_only_directory_is_one_line_before_anything_runs(tmp_path, option):
     ro = tmp_path / "ro"
@@ -190,6 +194,7 @@ def test_an_hdf5_error_report_raises_oserror_and_the_rest_passes_through(capsys)
     assert capsys.readouterr().err == "before: Error in a log line\nafter\n"
 
 
+@pytest.mark.mpi
 def test_a_write_that_fails_as_h5py_frees_a_file_is_one_exception(small_fs, capsys):
     """The real case: h5py writes the file's metadata as the File object is freed, finds
     the disk full, and only prints the error (sys.excepthook, then sys.unraisablehook)."""

@@ -9,10 +9,12 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from conftest import rank_pids, train, train_background
-from helpers import quadratic_args
+import pytest
+from helpers import PROGS, mpirun, quadratic_args, rank_pids, train, train_background
 
 from gem_mpi.outputs.analysis import load_run
+
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 QUAD = quadratic_args(dim=2000)
 
@@ -119,8 +121,6 @@ def test_no_rank_opens_a_port_of_its_own(tmp_path):
 def test_a_stuck_worker_ends_the_job_with_a_checkpoint(tmp_path):
     """A worker that hangs without dying: the master notices its silence, checkpoints,
     names it, and ends the job long before any time limit."""
-    from conftest import PROGS, mpirun
-
     from gem_mpi.outputs import checkpoint
 
     t0 = time.monotonic()

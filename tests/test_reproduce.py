@@ -17,11 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, mpi_env
+from helpers import REPO, mpi_env
 
 from gem_mpi.reproduce import experiments as ex
 from gem_mpi.reproduce import runner
 from gem_mpi.reproduce.report import _same_code
+
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 EXPERIMENTS = [f"E{i}" for i in range(1, 10)]
 QUICK_RUNS = len(ex.select(ex.experiments(ex.quick_budget(), "r"), EXPERIMENTS))

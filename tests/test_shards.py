@@ -15,13 +15,24 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import PROGS, mpirun, rank_pids, signal_when, train, train_background, wait_until
-from helpers import assert_exactly_once, quadratic_args
+from helpers import (
+    PROGS,
+    assert_exactly_once,
+    mpirun,
+    quadratic_args,
+    rank_pids,
+    signal_when,
+    train,
+    train_background,
+    wait_until,
+)
 
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.outputs.analysis import load_run
 from gem_mpi.problem.quadratic import Quadratic
 from gem_mpi.protocol import shard_cut
+
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 DIM, WORKERS, LR, MU = 2000, 4, 0.05, 0.9
 

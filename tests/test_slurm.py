@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, mpi_env
-from helpers import assert_exactly_once, quadratic_args
+from helpers import REPO, assert_exactly_once, mpi_env, quadratic_args
 
 from gem_mpi.outputs.analysis import RunFileError, RunFollower, load_run
+
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 JOBS = REPO / "jobs"
 # the numpy test problem: no torch in any rank, so 101 ranks fit in memory (tools/scale.sh)

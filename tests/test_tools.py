@@ -22,8 +22,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import REPO, mpi_env, train, train_background
-from helpers import quadratic_args
+from helpers import REPO, mpi_env, quadratic_args, train, train_background
 
 from gem_mpi.outputs.analysis import RunFileError, RunFollower, smooth, weighted_row_median
 
@@ -159,6 +158,7 @@ def test_weighted_median_and_smoothing():
 
 # --- report.py ------------------------------------------------------------------------------
 
+@pytest.mark.mpi
 def test_report_fashion_gem_numbers_match_the_file(runs, tmp_path):
     res = tool("report.py", str(runs["fashion"]), "-o", str(tmp_path))
     assert res.returncode == 0, res.stderr
@@ -186,6 +186,7 @@ def test_report_fashion_gem_numbers_match_the_file(runs, tmp_path):
         assert f"]({name})" in text
 
 
+@pytest.mark.mpi
 def test_report_downpour_skips_gem_figures_and_says_so(runs, tmp_path):
     # a stale GEM figure from an earlier report in the same folder must not survive
     (tmp_path / "energy.png").write_bytes(b"an old figure")
@@ -206,6 +207,7 @@ def test_report_downpour_skips_gem_figures_and_says_so(runs, tmp_path):
     assert "test accuracy not plotted" in text
 
 
+@pytest.mark.mpi
 def test_report_without_staleness_columns(runs, tmp_path):
     """A run without staleness/ticket columns (what a synchronous baseline would write)."""
     path = tmp_path / "sync.h5"
@@ -224,6 +226,7 @@ def test_report_without_staleness_columns(runs, tmp_path):
         check_png(tmp_path / "rep" / name)
 
 
+@pytest.mark.mpi
 def test_report_on_a_killed_run(crashed, tmp_path):
     res = tool("report.py", str(crashed), "-o", str(tmp_path))
     assert res.returncode == 0, res.stderr
@@ -244,6 +247,7 @@ def test_report_on_a_killed_run(crashed, tmp_path):
         check_png(tmp_path / name)
 
 
+@pytest.mark.mpi
 def test_report_on_a_run_cut_short_after_evaluations(runs, tmp_path):
     """A finished file set up as a crash leaves it: summary NaN, rows and evaluations kept.
     The test numbers must then come from the last evaluation written."""
@@ -264,6 +268,7 @@ def test_report_on_a_run_cut_short_after_evaluations(runs, tmp_path):
     check_png(tmp_path / "rep" / "eval.png")
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("name", ["report.py", "compare.py", "watch.py"])
 def test_not_a_run_is_one_line_and_exit_2(name, tmp_path):
     text = tmp_path / "notes.h5"
@@ -283,6 +288,7 @@ def test_not_a_run_is_one_line_and_exit_2(name, tmp_path):
     assert not (tmp_path / "out").exists()  # nothing written for a bad input
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("name", ["report.py", "compare.py", "watch.py"])
 def test_help(name):
     res = tool(name, "--help")
@@ -291,6 +297,7 @@ def test_help(name):
 
 # --- compare.py -----------------------------------------------------------------------------
 
+@pytest.mark.mpi
 def test_compare_table_and_figures(runs, crashed, tmp_path):
     paths = [runs[k] for k in ("gem3", "gem2", "downpour3", "adaptive2")] + [crashed]
     res = tool("compare.py", *map(str, paths), "-o", str(tmp_path))
@@ -322,6 +329,7 @@ def test_compare_table_and_figures(runs, crashed, tmp_path):
     assert "![final_loss.png](final_loss.png)" in md
 
 
+@pytest.mark.mpi
 def test_compare_fails_whole_on_one_bad_file(runs, tmp_path):
     res = tool("compare.py", str(runs["gem3"]), str(tmp_path / "nope.h5"), "-o",
                str(tmp_path / "out"))
@@ -331,6 +339,7 @@ def test_compare_fails_whole_on_one_bad_file(runs, tmp_path):
 
 # --- watch.py -------------------------------------------------------------------------------
 
+@pytest.mark.mpi
 def test_watch_follows_a_live_run_to_its_end(tmp_path):
     path = tmp_path / "live.h5"
     proc = train_background(4, *QUAD, "--quadratic-dim", "300000", "--max-steps", "300",
@@ -355,6 +364,7 @@ def test_watch_follows_a_live_run_to_its_end(tmp_path):
     assert raw["summary"]["finished"] == 1.0 and len(raw["updates"]["worker"]) == 900
 
 
+@pytest.mark.mpi
 def test_watch_gives_up_on_a_run_that_stopped(crashed):
     res = tool("watch.py", str(crashed), "--interval", "0.2", "--timeout", "1")
     assert res.returncode == 1

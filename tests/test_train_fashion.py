@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
-from conftest import train
+from helpers import train
 
 from gem_mpi.outputs.analysis import load_run
 from gem_mpi.problem.data import dataset_spec
 from gem_mpi.problem.models import build_model
+
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 
 def test_four_gem_workers_learn_fashion_mnist(tmp_path):

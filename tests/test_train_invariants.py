@@ -11,14 +11,15 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import PROGS, mpirun, train
-from helpers import assert_exactly_once, quadratic_args
+from helpers import PROGS, assert_exactly_once, mpirun, quadratic_args, train
 
 from gem_mpi.algorithm.kernel import HIST_BINS
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.outputs.analysis import load_run
 from gem_mpi.problem.quadratic import Quadratic
 from gem_mpi.protocol import WORKER_TIME_SPLIT
+
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 DIM, STEPS, WORKERS, LR, MU = 2000, 60, 4, 0.05, 0.9
 

@@ -14,8 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, mpi_env, mpirun_cmd, signal_when, train, train_background
-from helpers import quadratic_args
+from helpers import (
+    REPO,
+    mpi_env,
+    mpirun_cmd,
+    quadratic_args,
+    signal_when,
+    train,
+    train_background,
+)
 
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.algorithm.stepsize import Schedule
@@ -144,3 +151,41 @@ def test_batchnorm_models_are_evaluated_and_saved_with_trained_statistics(tmp_pa
     torch.optim.swa_utils.update_bn(loader, model)  # other batches, torch's own way
     assert abs(accuracy(model) - reported) <= 0.02
     assert reported > before + 0.15, (reported, before)
+
+
+def _theta(path: Path) -> torch.Tensor:
+    return torch.cat([t.flatten().double() for t in torch.load(path).values()])
+
+
+def test_clipping_bounds_how_far_a_torch_model_moves(tmp_path):
+    """DOWNPOUR applies each Δθ as it is: with every gradient clipped to norm c, T updates of
+    η move θ by at most T·η·c; unclipped, the same run moves much further."""
+    moved = {}
+    theta0 = tmp_path / "theta0.pt"
+    res = train(2, *FASHION, "--method", "downpour", "--max-steps", "1", "--lr", "1e-30",
+                "--save", str(theta0), timeout=300)  # θ₀, as good as unchanged
+    assert res.returncode == 0, res.stderr
+    for clip_norm in ("0.01", "0"):
+        out = tmp_path / f"clip{clip_norm}.pt"
+        res = train(2, *FASHION, "--method", "downpour", "--max-steps", "20", "--lr", "0.05",
+                    "--clip-grad-norm", clip_norm, "--save", str(out), timeout=300)
+        assert res.returncode == 0, res.stderr
+        moved[clip_norm] = float((_theta(out) - _theta(theta0)).norm())
+    assert moved["0.01"] <= 20 * 0.05 * 0.01 * 1.001
+    assert moved["0"] > 10 * moved["0.01"]
+
+
+def test_sync_follows_the_schedule(tmp_path):
+    """Synchronous SGD with η times 1e-6 after its first step: θ after 12 steps is θ after
+    the first one (momentum aside, which the tiny η multiplies too); constant η moves on."""
+    thetas = {}
+    for name, steps, extra in (("one", 1, ()), ("step", 12, ("--lr-schedule", "step",
+                               "--lr-step-every", "1", "--lr-gamma", "1e-6")),
+                               ("constant", 12, ())):
+        out = tmp_path / f"{name}.pt"
+        res = train(2, *FASHION, "--method", "sync", "--max-steps", str(steps), *extra,
+                    "--save", str(out), timeout=300)
+        assert res.returncode == 0, res.stderr
+        thetas[name] = _theta(out)
+    assert float((thetas["step"] - thetas["one"]).norm()) < 1e-4
+    assert float((thetas["constant"] - thetas["one"]).norm()) > 1e-2

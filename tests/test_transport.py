@@ -6,8 +6,10 @@ import json
 from collections import Counter
 
 import numpy as np
-from conftest import PROGS, mpirun
-from helpers import assert_exactly_once
+import pytest
+from helpers import PROGS, assert_exactly_once, mpirun
+
+pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 
 def _stress(tmp_path, ranks: int, n_params: int, steps: int, delay: float = 0.0) -> dict:
