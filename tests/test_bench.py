@@ -163,7 +163,8 @@ def test_bench_overhead_measures_the_ceiling_and_splits_every_rank_s_time(tmp_pa
 @pytest.mark.mpi
 def test_bench_gpu_dry_run_checks_learning_theta_and_the_masters_kernel(tmp_path):
     """The GPU check's own path, on the CPU (--cpu; CI has no GPU): calibration, both worker
-    modes as real mpirun jobs of a user's model and dataset, the verdicts in the JSON."""
+    modes in float32 and bf16 as real mpirun jobs of a user's model and dataset, the verdicts
+    in the JSON, bf16's steps/s against float32's."""
     out = tmp_path / "g.json"
     res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "gpu", "--cpu", "--workers",
                           "2", "--seconds", "3", "--image-size", "32", "--batch-size", "32",
@@ -173,9 +174,11 @@ def test_bench_gpu_dry_run_checks_learning_theta_and_the_masters_kernel(tmp_path
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads(out.read_text())
     assert result["ok"] and result["device"].startswith("cpu (dry run")
-    assert [r["mode"] for r in result["rows"]] == ["wait", "pipelined"]
+    assert [(r["mode"], r["amp"]) for r in result["rows"]] == [
+        ("wait", "off"), ("pipelined", "off"), ("wait", "bf16"), ("pipelined", "bf16")]
     for r in result["rows"]:
         assert r["kernel"].startswith("C++ extension") and r["theta_finite"] and r["loss_fell"]
         assert [w["worker"] for w in r["workers"]] == [1, 2]
         assert all(w["steps"] >= 4 and w["gpu"] != w["gpu"] for w in r["workers"])  # NaN
     assert "gem_mpi.bench gpu: ok" in res.stdout and "dry run" in res.stdout
+    assert "wait: bf16 " in res.stdout and "steps/s per worker against float32" in res.stdout

@@ -3,8 +3,9 @@
 # a C++ compiler, maybe no MPI library and no network (tools/bare_env.sh prepares it: Open MPI
 # or MPICH and mpi4py from PyPI wheels, from .whl/ when that folder is there, and the C++
 # extension). Then 1 master + 3 workers sharing cuda:0 train ResNet-18 on generated 224x224
-# images, each worker mode for about a minute (python -m gem_mpi.bench gpu), printing each
-# worker's split and the GPU's share, checking that the loss falls and θ stays finite.
+# images, each worker mode in float32 and in bf16 (--amp) for about 40 s each (python -m
+# gem_mpi.bench gpu), printing bf16's steps/s against float32's, each worker's split and the
+# GPU's share, checking that the loss falls and θ stays finite.
 # Under 8 minutes; exits non-zero when a check fails.
 #
 #   tools/gpu_check.sh [OUT_DIR] [bench gpu options...]   # JSON to OUT_DIR/gpu_check.json

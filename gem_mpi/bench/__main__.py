@@ -86,9 +86,13 @@ def main(argv: list[str] | None = None) -> int:
                        "--seconds; exits 1 unless the loss fell and θ stayed finite (run it "
                        "outside mpirun; tools/gpu_check.sh prepares a bare GPU machine)")
     g.add_argument("--workers", type=int, default=3)
-    g.add_argument("--seconds", type=float, default=60.0, help="training time per mode")
+    g.add_argument("--seconds", type=float, default=40.0,
+                   help="training time per mode and precision")
     g.add_argument("--modes", nargs="+", default=["wait", "pipelined"],
                    choices=["wait", "pipelined"])
+    g.add_argument("--amps", nargs="+", default=["off", "bf16"], choices=["off", "bf16"],
+                   help="the workers' precisions (--amp), each with every mode: bf16's "
+                   "steps/s are printed against float32's")
     g.add_argument("--batch-size", type=int, default=64)
     g.add_argument("--image-size", type=int, default=224)
     g.add_argument("--lr", type=float, default=0.01)

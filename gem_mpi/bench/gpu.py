@@ -103,8 +103,9 @@ class _Utilisation:
         return float(np.mean(busy)) if busy else None
 
 
-def _train_args(args: argparse.Namespace, mode: str, steps: int, save: str) -> list[str]:
-    return ["--model", MODEL, "--dataset", DATASET, "--loss", "cross_entropy",
+def _train_args(args: argparse.Namespace, mode: str, steps: int, save: str,
+                amp: str = "off") -> list[str]:
+    return ["--model", MODEL, "--dataset", DATASET, "--loss", "cross_entropy", "--amp", amp,
             "--lr", str(args.lr), "--batch-size", str(args.batch_size),
             "--max-steps", str(steps), "--epochs", str(-(-steps * args.batch_size // _TRAIN)),
             "--eval-every", "0", "--log-every", "30",
@@ -119,7 +120,7 @@ def _finite_theta(path: str) -> bool:
 
 
 def _mode_row(run: object, mode: str, steps: int, job_s: float, util: float | None,
-              finite: bool) -> dict:
+              finite: bool, amp: str = "off") -> dict:
 
     wt, u = run.worker_time, run.updates
     workers = []
@@ -136,7 +137,8 @@ def _mode_row(run: object, mode: str, steps: int, job_s: float, util: float | No
     summary = run.summary
     master = {k: summary[f"master_{k}_s"] / summary["wall_s"]
               for k in ("wait", "apply", "mpi", "metrics")}
-    return {"mode": mode, "steps": steps, "job_s": job_s, "kernel": str(run.attrs["kernel"]),
+    return {"mode": mode, "amp": amp, "steps": steps, "job_s": job_s,
+            "kernel": str(run.attrs["kernel"]),
             "master": master, "apply_ms": 1e3 * summary["master_apply_s"] / summary["updates"],
             "updates": analysis.applied_updates(run),
             "updates_per_s": analysis.updates_per_second(run),
@@ -168,11 +170,14 @@ def bench_gpu(args: argparse.Namespace) -> dict:
         print(f"gem_mpi.bench gpu: calibration {rate:.1f} upd/s with {args.workers} workers: "
               f"{steps} steps per worker for about {args.seconds:g} s per mode",
               file=sys.stderr, flush=True)
-        for mode in args.modes:
-            with _Utilisation() as util:
-                run, job_s = run_training(args.mpirun, ranks, _train_args(args, mode, steps, save),
-                                          os.path.join(out, f"{mode}.h5"), "gpu")
-            rows.append(_mode_row(run, mode, steps, job_s, util.mean, _finite_theta(save)))
+        for amp in args.amps:
+            for mode in args.modes:
+                with _Utilisation() as util:
+                    run, job_s = run_training(args.mpirun, ranks,
+                                              _train_args(args, mode, steps, save, amp),
+                                              os.path.join(out, f"{mode}-{amp}.h5"), "gpu")
+                rows.append(_mode_row(run, mode, steps, job_s, util.mean, _finite_theta(save),
+                                      amp))
     return {"bench": "gpu", "machine": _machine(), "device": device,
             "torch": torch.__version__, "cuda": torch.version.cuda, "workers": args.workers,
             "batch_size": args.batch_size, "image_size": args.image_size, "lr": args.lr, "launcher": args.mpirun,
@@ -189,22 +194,28 @@ def print_gpu(result: dict) -> None:
     print("per worker, shares of its wall time: compute (forward, backward, Δθ on the host), "
           "load (θ to the device), payload (m, κ|m|), commit, wait (+ backoff sleeps), pull; "
           "gpu = the GPU's own time from θ's copy in to Δθ on the host, over wall time")
-    cols = ["mode", "worker", "steps/s", *SHOWN, "gpu"]
+    cols = ["mode", "amp", "worker", "steps/s", *SHOWN, "gpu"]
     print(" ".join(f"{c:>9}" for c in cols))
     for r in result["rows"]:
         for w in r["workers"]:
-            vals = [r["mode"], w["worker"], f"{w['steps_per_s']:.1f}",
+            vals = [r["mode"], r.get("amp", "off"), w["worker"], f"{w['steps_per_s']:.1f}",
                     *(f"{100 * w[k]:.1f}%" for k in SHOWN), f"{100 * w['gpu']:.1f}%"]
             print(" ".join(f"{v!s:>9}" for v in vals))
+    per = {(r["mode"], r.get("amp", "off")): np.mean([w["steps_per_s"] for w in r["workers"]])
+           for r in result["rows"]}
+    for mode, amp in per:
+        if amp == "bf16" and (mode, "off") in per:
+            print(f"{mode}: bf16 {per[mode, 'bf16']:.2f} steps/s per worker against float32 "
+                  f"{per[mode, 'off']:.2f}: {per[mode, 'bf16'] / per[mode, 'off']:.2f}x")
     for r in result["rows"]:
         util = "n/a" if r["utilisation"] is None else f"{r['utilisation']:.0f}%"
         m = r["master"]
-        print(f"{r['mode']}: master kernel {r['kernel']}"
+        print(f"{r['mode']} ({r.get('amp', 'off')}): master kernel {r['kernel']}"
               f"{'' if r['kernel'].startswith('C++') else ' (NOT THE C++ EXTENSION)'}: "
               f"{r['apply_ms']:.1f} ms per update; master time idle {100 * m['wait']:.0f}%, "
               f"apply {100 * m['apply']:.0f}%, mpi {100 * m['mpi']:.0f}%, metrics "
               f"{100 * m['metrics']:.0f}%")
-        print(f"{r['mode']}: {r['updates']} updates in {r['job_s']:.0f} s of job "
+        print(f"{r['mode']} ({r.get('amp', 'off')}): {r['updates']} updates in {r['job_s']:.0f} s of job "
               f"({r['updates_per_s']:.1f} upd/s while training), mean staleness "
               f"{r['staleness']:.2f}, device utilisation {util} (NVML, busy samples); loss "
               f"{r['loss_first']:.3f} -> {r['loss_last']:.3f} "
