@@ -108,7 +108,7 @@ def _train_args(args: argparse.Namespace, mode: str, steps: int, save: str,
     return ["--model", MODEL, "--dataset", DATASET, "--loss", "cross_entropy", "--amp", amp,
             "--lr", str(args.lr), "--batch-size", str(args.batch_size),
             "--max-steps", str(steps), "--epochs", str(-(-steps * args.batch_size // _TRAIN)),
-            "--eval-every", "0", "--log-every", "30",
+            "--eval-every", "0", "--log-every", "30", "--bn-batches", "2",  # on rank 0's CPU
             "--worker-mode", mode, "--save", save]
 
 
