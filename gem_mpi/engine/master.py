@@ -161,13 +161,14 @@ class Master:
         kept, proxy_m = self.rule.kept(self.ep.payloads), self.rule.proxy_m
         own = (lambda a: None if a is None else a.copy()) if copy else (lambda a: a)
         return ShardState(own(self.ep.theta), self.clock, self.ep.tickets_drawn(),
-                                     own(self.next_seq), own(kept), own(proxy_m))
+                          own(self.next_seq), own(kept), own(proxy_m))
 
     def state(self) -> dict:
         """The engine's fields of a checkpoint (θ, clock, tickets, next_seq, s, m; sharded,
         every shard's at one cut, with each shard's clock and tickets)."""
-        if self.lead is None:
-            return dataclasses.asdict(self.shard_state(copy=False))
+        if self.lead is None:  # no copies (asdict would deep-copy θ and every kept s)
+            own = self.shard_state(copy=False)
+            return {f.name: getattr(own, f.name) for f in dataclasses.fields(own)}
         others = self._cut()  # catches this shard up to the cut too
         return ShardState.join([self.shard_state(), *others])
 
