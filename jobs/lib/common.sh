@@ -175,9 +175,9 @@ gem_setup_env() {
   fi
 }
 
-# Checks the options with gem_mpi's own validation (gem_mpi.config), in one process, before
-# launching every rank: a bad option costs a second, not a 101-rank start. The data is
-# checked too (present, intact, a batch for each worker's share: gem_mpi.config.validate),
+# Checks the options with gem_mpi's own validation (gem_mpi.run.preflight), in one process,
+# before launching every rank: a bad option costs a second, not a 101-rank start. The data is
+# checked too (present, intact, a batch for each worker's share: gem_mpi.run.preflight.validate),
 # and again by rank 0 of the real run. Exits 2 with gem_mpi's message on a bad option;
 # does nothing if this gem_mpi has no such validation (then the run reports it).
 gem_preflight() { # ntasks train-args...
@@ -187,7 +187,8 @@ import sys
 try:
     from gem_mpi import config
     from gem_mpi.errors import GemError
-    parse, validate = config.parse, config.validate
+    from gem_mpi.run.preflight import validate
+    parse = config.parse
 except (ImportError, AttributeError) as exc:
     print(f"skipped ({type(exc).__name__}: {exc})")
     sys.exit(0)
