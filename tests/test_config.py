@@ -19,7 +19,7 @@ RECORDED = {
     "log_every", "verbose", "no_extension", "straggler", "stop_on_divergence",
     "divergence_factor", "checkpoint_dir", "checkpoint_every", "resume", "min_free_mb",
     "worker_timeout", "gem_shift", "exit_timeout", "loss", "worker_mode", "gem_proxy",
-    "holdout", "masters",
+    "holdout", "masters", "loader_workers",
 }
 
 
