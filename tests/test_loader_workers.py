@@ -18,6 +18,8 @@ from conftest import kill_rank_when, rank_pids, signal_when, train, train_backgr
 
 from gem_mpi.outputs.analysis import load_run
 
+pytestmark = pytest.mark.mpi
+
 STEPS = 300  # one worker's steps: a few seconds, long enough to be stopped mid-run
 
 

@@ -134,9 +134,10 @@ def data_stream(data: DataConfig, worker: int, n_workers: int, start_seq: int = 
     cores = _cores()
     if data.loader_workers >= cores:
         print(f"gem_mpi: worker {worker}: its {data.loader_workers} loader processes and its "
-              f"training share the {cores} core(s) it is bound to (Open MPI binds each rank "
-              "to one core for up to 2 ranks: mpirun --bind-to none, or more cores per rank: "
-              "--map-by slot:PE=N, srun --cpus-per-task=N)", file=sys.stderr, flush=True)
+              f"training share the {cores} core(s) this rank may run on; give each rank "
+              "--loader-workers + 1 cores (Open MPI binds each of up to 2 ranks to one core: "
+              "mpirun --bind-to none, or --map-by slot:PE=N; srun --cpus-per-task=N)",
+              file=sys.stderr, flush=True)
     return steps, batches
 
 
