@@ -189,6 +189,11 @@ class DataConfig:
     synthetic_size: int = opt(60000, "samples per epoch of --dataset synthetic",
                               check=POSITIVE)
     quadratic_dim: int = opt(100_000, "parameters of --model quadratic", check=POSITIVE)
+    loader_workers: int = opt(0, "processes that make each worker's training batches ahead "
+                              "(torch DataLoader workers, started once, page-locked batches "
+                              "for a GPU), the same batches bit for bit (0: the worker makes "
+                              "them itself); at most the cores of rank 0's node",
+                              check=NON_NEGATIVE, metavar="N")
 
     @property
     def eval_split(self) -> str:

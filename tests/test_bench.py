@@ -157,7 +157,29 @@ def test_bench_overhead_measures_the_ceiling_and_splits_every_rank_s_time(tmp_pa
         assert 0 < row["master_cpu"] <= len(os.sched_getaffinity(0)) + 0.05
     assert "ceiling:" in res.stdout and "m:cpu" in res.stdout and "w:compute" in res.stdout
     assert "vs shared" in res.stdout and "c/plain" in res.stdout
-    assert "pipelined, 2 master(s), 2 worker(s), via 1: ratio" in res.stdout  # the medians
+    assert "pipelined, 2 master(s), 0 loader(s), 2 worker(s), via 1: ratio" in res.stdout
+    assert "one worker's loop alone" not in res.stdout  # no loader processes asked for
+
+
+@pytest.mark.mpi
+def test_bench_overhead_sets_loader_processes_side_by_side(tmp_path):
+    """--loader-workers 0 2: each run with either, and one worker's loop alone with either,
+    its time split into waiting for batches and computing (a benchmark: no timing asserted)."""
+    out = tmp_path / "o.json"
+    res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "overhead", "--workers", "1",
+                          "--methods", "gem", "--steps", "20", "--ceiling-steps", "10",
+                          "--worker-modes", "wait", "--shared-max", "0", "--loader-workers",
+                          "0", "2", "--json", str(out)], capture_output=True, text=True,
+                         timeout=300, env=mpi_env(), cwd=REPO, check=False)
+    assert res.returncode == 0, res.stderr
+    result = json.loads(out.read_text())
+    assert [(r["loaders"], r["updates"]) for r in result["rows"]] == [(0, 20), (2, 20)]
+    split = result["loader_split"]
+    assert [r["loaders"] for r in split] == [0, 2]
+    assert all(r["load_ms"] > 0 and r["compute_ms"] > 0 and r["steps_per_s"] > 0
+               for r in split)
+    assert "one worker's loop alone, by --loader-workers" in res.stdout
+    assert "2 loaders" in res.stdout and "DataLoader" not in res.stderr
 
 
 @pytest.mark.mpi

@@ -163,6 +163,7 @@ class SyncTrainer:
                         else self.torch.zeros_like(p) for p in self.params])
 
     def close(self) -> None:
+        self.batches.close()  # its loader processes (--loader-workers) stop now
         self.hvd.shutdown()
 
 

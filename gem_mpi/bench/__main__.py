@@ -78,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--model", default="mnist-cnn")
     o.add_argument("--dataset", default="fashion-mnist")
     o.add_argument("--batch-size", type=int, default=64)
+    o.add_argument("--loader-workers", type=int, nargs="+", default=[0],
+                   help="gem_mpi.train's --loader-workers: a row per value, side by side; "
+                   "with a value above 0, also one worker's loop alone (no MPI) for each, "
+                   "alternated, split into waiting for batches and computing")
     o.add_argument("--mpirun", nargs="+", default=["mpirun --oversubscribe --mca btl self,vader"],
                    help="launcher command line(s) (one node); with several, every run is made "
                    "with each, side by side against the same ceiling")

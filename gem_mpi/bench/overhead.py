@@ -15,6 +15,12 @@ each n up to ``--shared-max`` the same plain loop also runs as n processes at on
 no master), and each row shows its ratio to that time-shared ceiling too, and how the
 workers' compute per step compares with the plain loop's step: what the run slows in the
 compute itself, apart from the time spent outside it.
+
+``--loader-workers 0 2`` makes every row once with the worker making its batches itself and
+once with 2 loader processes making them. A run's split counts making a batch as compute, so
+one worker's loop is also timed alone for each value (no MPI, one torch thread, as a
+worker's): its time waiting for the next batch (load) against forward, backward and step
+(compute), the values alternated so that the machine's drift hits them alike.
 """
 
 from __future__ import annotations
@@ -68,6 +74,52 @@ def _ceiling_process(options: dict, worker: int, n: int, steps: int, barrier: ob
     for i in range(steps):
         step(10 + i)
     out.put(steps / (time.perf_counter() - t))
+
+
+def _split_process(options: dict, steps: int, out: object) -> None:
+    """One worker's loop alone, its seconds split: waiting for each batch (load), and the
+    forward, backward and step (compute)."""
+    import torch
+
+    torch.set_num_threads(1)
+    cfg = Config.of(**options)
+    problem = build_problem(cfg.data, with_theta0=False)
+    model = problem.model
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum)
+    _, batches = data_stream(cfg.data, 1, 1)
+    load = compute = 0.0
+    try:
+        for i in range(10 + steps):  # 10 to warm up, as the ceiling's
+            if i == 10:
+                load = compute = 0.0
+            seed_dropout(cfg.data.seed, 1, i)
+            t0 = time.perf_counter()
+            x, y = next(batches)
+            t1 = time.perf_counter()
+            opt.zero_grad()
+            problem.loss.mean(model(x), y).backward()
+            opt.step()
+            load, compute = load + t1 - t0, compute + time.perf_counter() - t1
+    finally:
+        batches.close()
+    out.put({"loaders": cfg.data.loader_workers, "steps_per_s": steps / (load + compute),
+             "load_ms": 1e3 * load / steps, "compute_ms": 1e3 * compute / steps})
+
+
+def loader_split(options: dict, values: list[int], steps: int, repeat: int) -> list[dict]:
+    """:func:`_split_process` for each --loader-workers value, alternated ``repeat`` times."""
+    ctx = mp.get_context("spawn")
+    rows = []
+    for rep in range(repeat):
+        for n in values:
+            out = ctx.Queue()
+            proc = ctx.Process(target=_split_process,
+                               args=({**options, "loader_workers": n}, steps, out))
+            proc.start()
+            rows.append({"repeat": rep + 1, **out.get(timeout=600)})
+            proc.join()
+    return rows
 
 
 def ceiling(options: dict, processes: int, steps: int) -> list[float]:
@@ -148,34 +200,40 @@ def bench_overhead(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="gem_overhead_") as out_dir:
         for n in args.workers:
             before = ceilings.measure(n)
-            for method, mode, k, rep in itertools.product(args.methods, args.worker_modes,
-                                                          args.masters, range(args.repeat)):
+            for method, mode, k, rep, lw in itertools.product(
+                    args.methods, args.worker_modes, args.masters, range(args.repeat),
+                    args.loader_workers):
                 for via, mpirun in enumerate(args.mpirun, 1):
                     run, job_s = run_training(
                         mpirun, n + k,
                         ["--method", method, "--model", args.model, "--dataset", args.dataset,
                          "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
                          "--eval-every", "0", "--threads", "1", "--log-every", "60",
-                         "--worker-mode", mode, "--masters", str(k)],
-                        os.path.join(out_dir, f"{method}_{mode}_{n}_{k}_{rep}_{via}.h5"),
+                         "--worker-mode", mode, "--masters", str(k),
+                         "--loader-workers", str(lw)],
+                        os.path.join(out_dir, f"{method}_{mode}_{n}_{k}_{rep}_{lw}_{via}.h5"),
                         "overhead")
                     after = ceilings.measure(n)
                     rows.append({"via": via, "mode": mode, "masters": k, "repeat": rep + 1,
-                                 **_row(run, method, n, job_s, before, after)})
+                                 "loaders": lw, **_row(run, method, n, job_s, before, after)})
                     before = after
+    split = (loader_split(options, args.loader_workers, args.ceiling_steps, args.repeat)
+             if max(args.loader_workers) > 0 else [])
     first = ceilings.points[0]
     return {"bench": "overhead", "machine": _machine(), "model": args.model,
             "dataset": args.dataset, "batch_size": args.batch_size, "cores": cores,
             "ceiling_steps_per_s": first["total"], "ceiling_each": first["each"],
             "ceilings": ceilings.points, "steps": args.steps, "repeat": args.repeat,
-            "shared_max": args.shared_max, "launchers": args.mpirun, "rows": rows}
+            "shared_max": args.shared_max, "launchers": args.mpirun, "rows": rows,
+            "loader_split": split, "split_steps": args.ceiling_steps}
 
 
 def _medians(rows: list[dict]) -> list[tuple[tuple, list[dict]]]:
     """The rows grouped by everything but the repeat, in their order."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        key = (r["method"], r["mode"], r.get("masters", 1), r["workers"], r["via"])
+        key = (r["method"], r["mode"], r.get("masters", 1), r.get("loaders", 0),
+               r["workers"], r["via"])
         groups.setdefault(key, []).append(r)
     return list(groups.items())
 
@@ -208,14 +266,16 @@ def print_overhead(result: dict) -> None:
           "= rank 0's CPU time over its wall time (cores it took, all its threads)")
     for via, launcher in enumerate(result["launchers"], 1):
         print(f"via {via}: {launcher}")
-    cols = ["method", "mode", "masters", "workers", "via", "run", "upd/s", "ratio", "shared",
+    cols = ["method", "mode", "masters", "loaders", "workers", "via", "run", "upd/s", "ratio",
+            "shared",
             "vs shared", "drift", "c/plain", *(f"w:{k}" for k in WORKER_SPLIT),
             "w:other", "m:idle", *(f"m:{k}" for k in MASTER_SPLIT[1:]), "m:other", "m:cpu"]
     print(" ".join(f"{c:>9}" for c in cols))
     for r in result["rows"]:
         w, m = r["worker_split"], r["master_split"]
         shared = r["shared_ceiling"]
-        vals = [r["method"], r["mode"], r.get("masters", 1), r["workers"], r["via"],
+        vals = [r["method"], r["mode"], r.get("masters", 1), r.get("loaders", 0),
+                r["workers"], r["via"],
                 r.get("repeat", 1), f"{r['updates_per_s']:.1f}", f"{r['ratio']:.2f}",
                 f"{shared:.1f}" if shared else "–",
                 f"{r['ratio_shared']:.2f}" if shared else "–", f"{r['drift']:.2f}",
@@ -226,7 +286,27 @@ def print_overhead(result: dict) -> None:
         print(" ".join(f"{v!s:>9}" for v in vals))
     if result["repeat"] > 1:
         print(f"medians over the {result['repeat']} runs of each row (min–max):")
-        for (method, mode, k, n, via), group in _medians(result["rows"]):
-            print(f"  {method} {mode}, {k} master(s), {n} worker(s), via {via}: ratio "
+        for (method, mode, k, lw, n, via), group in _medians(result["rows"]):
+            print(f"  {method} {mode}, {k} master(s), {lw} loader(s), {n} worker(s), via {via}: "
+                  f"ratio "
                   f"{_spread(group, 'ratio')}, vs shared {_spread(group, 'ratio_shared')}, "
                   f"c/plain {_spread(group, 'compute_vs_plain')}")
+    split = result.get("loader_split") or []
+    if split:
+        print(f"one worker's loop alone, by --loader-workers (1 torch thread, no MPI; load = "
+              f"waiting for the next batch, compute = forward, backward, step), "
+              f"{result['split_steps']} steps, the values alternated:")
+        print(" ".join(f"{c:>10}" for c in ("loaders", "run", "steps/s", "load ms",
+                                             "compute ms", "load", "compute")))
+        for r in split:
+            step = r["load_ms"] + r["compute_ms"]
+            print(" ".join(f"{v!s:>10}" for v in (
+                r["loaders"], r["repeat"], f"{r['steps_per_s']:.1f}", f"{r['load_ms']:.1f}",
+                f"{r['compute_ms']:.1f}", f"{100 * r['load_ms'] / step:.1f}%",
+                f"{100 * r['compute_ms'] / step:.1f}%")))
+        rate = {n: statistics.median(r["steps_per_s"] for r in split if r["loaders"] == n)
+                for n in dict.fromkeys(r["loaders"] for r in split)}
+        base = rate.get(0)
+        if base:
+            print("steps/s against the worker making its batches itself (medians): " + ", ".join(
+                f"{n} loaders {v / base:.2f}x" for n, v in rate.items() if n))

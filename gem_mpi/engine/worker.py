@@ -60,6 +60,9 @@ class _QuadraticSteps:
     def host(self, a: np.ndarray) -> np.ndarray:
         return a
 
+    def close(self) -> None:
+        """Nothing to end: the quadratic has no data stream."""
+
 
 class _TorchSteps:
     """Δθ of a torch model on this worker's data stream, on its GPU or the CPU.
@@ -223,6 +226,10 @@ class _TorchSteps:
                                             pin_memory=True)
         self._to_host(((a, self._a_host),)).synchronize()
         return self._a_host.numpy()
+
+    def close(self) -> None:
+        """End the data stream: its loader processes (--loader-workers) stop now."""
+        self.batches.close()
 
 
 class TimeSplit:
@@ -404,8 +411,11 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
     but one, so worker w reads the same data, whatever --masters.
     """
     w = _set_up(cfg, comm, plan, problem, placement, start_seq, run_id, comms)
-    version = w.ep.pull()
-    w.split.charge("pull")
-    order = _pipelined_order if cfg.optim.worker_mode == PIPELINED else _wait_order
-    stopped, version = order(w, start_seq, version)
+    try:
+        version = w.ep.pull()
+        w.split.charge("pull")
+        order = _pipelined_order if cfg.optim.worker_mode == PIPELINED else _wait_order
+        stopped, version = order(w, start_seq, version)
+    finally:  # however the loop ended: no loader process outlives it
+        w.steps_fn.close()
     return _finish(w, stopped, version, run_id)

@@ -52,11 +52,12 @@ FORMAT = 3  # 3: a synchronous run stores no tickets or next_seq (it has none)
 NAME = "checkpoint_{clock:012d}.h5"
 _PATTERN = re.compile(r"checkpoint_(\d{12})\.h5$")
 # Settings a resume may change: η (a new learning rate after a stop is a common wish; each
-# worker's Δθ simply uses the new one) and where the data lives. Every other option of the
+# worker's Δθ simply uses the new one), where the data lives and how many processes make
+# the batches (the same batches either way). Every other option of the
 # update rule and of the data must match, since the state in the checkpoint (θ, each
 # worker's m and place in its data) was made by them; monitoring, outputs and runtime
 # options change nothing that is computed and may differ freely.
-MAY_CHANGE = ("lr", "data_dir")
+MAY_CHANGE = ("lr", "data_dir", "loader_workers")
 MUST_MATCH = tuple(f.name for sec in (OptimConfig, DataConfig) for f in dataclasses.fields(sec)
                    if f.name not in MAY_CHANGE)
 RECORDED = tuple(f.name for sec in (OptimConfig, DataConfig) for f in dataclasses.fields(sec))

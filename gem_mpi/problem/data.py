@@ -416,9 +416,11 @@ class Split:
     def __len__(self) -> int:
         raise NotImplementedError
 
-    def _batches(
-        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int, start: int
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def make(self, indices: torch.Tensor, step: int, seed: int, shard_index: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch ``step`` of a plan, of the samples ``indices``: a function of its arguments
+        (and of torch's global generator, which a dataset's augmentation draws from), so that
+        the worker's own process and a loader process make it alike."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -453,11 +455,9 @@ class ArraySplit(Split):
             x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
         return x, torch.from_numpy(self.labels[idx].astype(np.int64))
 
-    def _batches(
-        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int, start: int
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for indices in plan:
-            yield self.batch(indices)
+    def make(self, indices: torch.Tensor, step: int, seed: int, shard_index: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.batch(indices)
 
 
 class SyntheticSplit(Split):
@@ -470,40 +470,34 @@ class SyntheticSplit(Split):
     def __len__(self) -> int:
         return self.size
 
-    def _batches(
-        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int, start: int
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def make(self, indices: torch.Tensor, step: int, seed: int, shard_index: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.spec
         split_tag = SPLITS.index(self.split)
-        for step, indices in enumerate(plan, start):
-            g = torch.Generator().manual_seed(mix_seed(seed, split_tag, shard_index, step))
-            n = len(indices)
-            x = torch.randn(n, s.channels, s.image_size, s.image_size, generator=g)
-            y = torch.randint(0, s.num_classes, (n,), generator=g, dtype=torch.int64)
-            yield x, y
+        g = torch.Generator().manual_seed(mix_seed(seed, split_tag, shard_index, step))
+        n = len(indices)
+        x = torch.randn(n, s.channels, s.image_size, s.image_size, generator=g)
+        y = torch.randint(0, s.num_classes, (n,), generator=g, dtype=torch.int64)
+        return x, y
 
 
 class ImageFolderSplit(Split):
-    """ImageNet as an ImageFolder, decoded by a DataLoader (optionally in worker processes)."""
+    """ImageNet as an ImageFolder: each image decoded and transformed when its batch is made
+    (in loader processes with --loader-workers, as every dataset)."""
 
-    def __init__(self, split: str, spec: DataSpec, folder: Any, num_workers: int) -> None:
+    def __init__(self, split: str, spec: DataSpec, folder: Any) -> None:
         self.dataset, self.split, self.spec = "imagenet", split, spec
-        self.folder, self.num_workers = folder, num_workers
+        self.folder = folder
 
     def __len__(self) -> int:
         return len(self.folder)
 
-    def _batches(
-        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int, start: int
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        loader = torch.utils.data.DataLoader(
-            self.folder,
-            batch_sampler=_ListPlan(plan),  # one loader for all epochs: workers start once
-            num_workers=self.num_workers,
-            generator=torch.Generator().manual_seed(mix_seed(seed, shard_index)),
-        )
-        for x, y in loader:
-            yield x, y.to(torch.int64)
+    def make(self, indices: torch.Tensor, step: int, seed: int, shard_index: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        from torch.utils.data import default_collate
+
+        x, y = default_collate([self.folder[i] for i in indices.tolist()])
+        return x, y.to(torch.int64)
 
 
 class UserSplit(Split):
@@ -516,25 +510,12 @@ class UserSplit(Split):
     def __len__(self) -> int:
         return len(self.data)
 
-    def _batches(
-        self, plan: Iterable[torch.Tensor], seed: int, shard_index: int, start: int
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for indices in plan:
-            yield collate(self.data, self.dataset, self.split, indices.tolist())
+    def make(self, indices: torch.Tensor, step: int, seed: int, shard_index: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        return collate(self.data, self.dataset, self.split, indices.tolist())
 
 
-class _ListPlan:
-    """A batch plan in the list-of-ints form DataLoader's batch_sampler expects."""
-
-    def __init__(self, plan: Iterable[torch.Tensor]) -> None:
-        self.plan = plan
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for indices in self.plan:
-            yield indices.tolist()
-
-
-def _load_imagenet(data_dir: str | None, split: str, spec: DataSpec, num_workers: int) -> Split:
+def _load_imagenet(data_dir: str | None, split: str, spec: DataSpec) -> Split:
     root = _imagenet_root(data_dir)
     try:
         from torchvision import datasets, transforms
@@ -563,7 +544,7 @@ def _load_imagenet(data_dir: str | None, split: str, spec: DataSpec, num_workers
             f"imagenet: {sub} has {len(folder.classes)} classes, more than the "
             f"{spec.num_classes} outputs the models are built with"
         )
-    return ImageFolderSplit(split, spec, folder, num_workers)
+    return ImageFolderSplit(split, spec, folder)
 
 
 def load_split(
@@ -572,12 +553,10 @@ def load_split(
     split: str,
     model: str,
     synthetic_size: int | None = None,
-    num_workers: int = 0,
 ) -> Split:
     """Load one split, shaped for `model` (see `dataset_spec`).
 
-    `synthetic_size` only matters for the synthetic dataset; `num_workers` only for imagenet
-    (DataLoader decoding processes).
+    `synthetic_size` only matters for the synthetic dataset.
     """
     _check_dataset_name(dataset)
     _check_split_name(split)
@@ -590,9 +569,7 @@ def load_split(
             raise UsageError(f"synthetic dataset size must be at least 1, got {size}")
         return SyntheticSplit(split, spec, size)
     if dataset == "imagenet":
-        if num_workers < 0:
-            raise UsageError(f"num_workers must be >= 0, got {num_workers}")
-        return _load_imagenet(data_dir, split, spec, num_workers)
+        return _load_imagenet(data_dir, split, spec)
     image_path, label_path = _idx_paths(dataset, data_dir, _IDX_FILES[split])
     images = _read_idx(image_path, 3)
     labels = _read_idx(label_path, 1)
@@ -670,6 +647,57 @@ def steps_per_epoch(
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
+@dataclass(frozen=True)
+class BatchPlan:
+    """Which samples make each batch of a worker's stream, and the arguments every batch is
+    made with (:meth:`Split.make`): the one plan the worker's own process and its loader
+    processes follow alike."""
+
+    split: Split
+    seed: int
+    shard_index: int
+    steps: Iterator[tuple[int, torch.Tensor]]  # (step, sample indices), from ``start`` on
+
+    def make(self, step: int, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.split.make(indices, step, self.seed, self.shard_index)
+
+
+def batch_plan(
+    split: Split,
+    batch_size: int,
+    epochs: int,
+    seed: int,
+    shard: tuple[int, int] | None = None,
+    shuffle: bool = True,
+    drop_last: bool = True,
+    start: int = 0,
+) -> BatchPlan:
+    """The plan :func:`iterate_batches` follows; bad arguments fail here, not at a batch."""
+    steps = steps_per_epoch(split, batch_size, shard, drop_last)
+    if epochs < 0:
+        raise UsageError(f"epochs must be >= 0, got {epochs}")
+    if steps == 0 and epochs > 0 and drop_last:
+        n = _shard_size(len(split), shard)
+        raise UsageError(
+            f"batch size {batch_size} exceeds the {n} samples of this worker's "
+            f"shard of {split.dataset}/{split.split}; use a smaller batch or "
+            "fewer workers"
+        )
+    shard_index = _check_shard(shard)[0]
+
+    if start < 0:
+        raise UsageError(f"start must be >= 0, got {start}")
+
+    def plan() -> Iterator[tuple[int, torch.Tensor]]:
+        for epoch in range(start // steps if steps else 0, epochs):
+            order = epoch_indices(len(split), epoch, seed, shard, shuffle)
+            first = start - epoch * steps if epoch * steps < start else 0
+            for step in range(first, steps):
+                yield epoch * steps + step, order[step * batch_size : (step + 1) * batch_size]
+
+    return BatchPlan(split, seed, shard_index, plan())
+
+
 def iterate_batches(
     split: Split,
     batch_size: int,
@@ -687,31 +715,18 @@ def iterate_batches(
 
     Yields CPU float32 images [B, C, H, W] and int64 labels [B]. Each epoch reshuffles with a
     generator seeded by (seed, epoch); a shard (index, count) sees samples i % count == index.
+    Made in this process; :func:`gem_mpi.problem.loader.load_batches` makes the same batches
+    in loader processes.
     """
-    steps = steps_per_epoch(split, batch_size, shard, drop_last)
-    if epochs < 0:
-        raise UsageError(f"epochs must be >= 0, got {epochs}")
-    if steps == 0 and epochs > 0 and drop_last:
-        n = _shard_size(len(split), shard)
-        raise UsageError(
-            f"batch size {batch_size} exceeds the {n} samples of this worker's "
-            f"shard of {split.dataset}/{split.split}; use a smaller batch or "
-            "fewer workers"
-        )
-    shard_index = _check_shard(shard)[0]
-
-    if start < 0:
-        raise UsageError(f"start must be >= 0, got {start}")
-
-    def plan() -> Iterator[torch.Tensor]:
-        for epoch in range(start // steps if steps else 0, epochs):
-            order = epoch_indices(len(split), epoch, seed, shard, shuffle)
-            first = start - epoch * steps if epoch * steps < start else 0
-            for step in range(first, steps):
-                yield order[step * batch_size : (step + 1) * batch_size]
-
+    plan = batch_plan(split, batch_size, epochs, seed, shard, shuffle, drop_last, start)
     # A plain function returning a generator: bad arguments fail here, not at the first batch.
-    return split._batches(plan(), seed, shard_index, start)
+    return (plan.make(step, indices) for step, indices in plan.steps)
+
+
+def seed_step(seed: int, worker: int, step: int) -> None:
+    """Seed torch's global generator for step ``step`` of worker ``worker``: what a dataset's
+    augmentation and then the model's dropout draw from, in whichever process."""
+    torch.manual_seed(mix_seed(seed, worker, step))
 
 
 def statistics_batches(data: DataConfig, count: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

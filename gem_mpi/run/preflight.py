@@ -144,6 +144,7 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         raise UsageError("--resume auto needs --checkpoint-dir")
     _check_paths_apart(out)
     _check_threads(cfg.runtime.threads)
+    _check_loader_workers(cfg.data)
     if model == QUADRATIC:
         _check_quadratic_memory(cfg, world_size)
         d = cfg.data
@@ -203,6 +204,18 @@ def _check_threads(threads: int) -> None:
     if threads > cores:
         raise UsageError(f"--threads {threads} is more than the {cores} cores of rank 0's "
                          "node (0: the node's cores divided by its ranks)")
+
+
+def _check_loader_workers(data: DataConfig) -> None:
+    """Loader processes beyond the node's cores only time-share them (each worker rank has
+    its own); a model without data has none to load."""
+    workers = data.loader_workers
+    if workers and data.model == QUADRATIC:
+        raise UsageError("--model quadratic uses no data: --loader-workers does not apply")
+    cores = os.cpu_count() or 1
+    if workers > cores:
+        raise UsageError(f"--loader-workers {workers} is more than the {cores} cores of rank "
+                         "0's node (each worker rank starts that many loader processes)")
 
 
 def _node_memory() -> int | None:

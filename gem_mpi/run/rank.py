@@ -5,6 +5,7 @@ and the randomness and slowness it is given (dropout seed, --straggler)."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 from gem_mpi.config import Config, DataConfig, straggler
@@ -31,11 +32,16 @@ def local_placement(comm: MPI.Intracomm, masters: int = 1) -> Placement:
         node.Free()
 
 
+def _cores() -> int:
+    """The cores this process may run on (its binding), where the OS says."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
 def torch_threads(threads: int, placement: Placement) -> int:
     """A training rank's torch threads: ``threads`` (--threads), else its node's cores shared
     among the ranks on that node (per node: a node of its own gets them all)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    return threads or max(1, (os.cpu_count() or cores) // placement.local_size)
+    return threads or max(1, (os.cpu_count() or _cores()) // placement.local_size)
 
 
 def device_name(placement: Placement, uses_torch: bool) -> str:
@@ -97,27 +103,41 @@ def placement_line(ranks: list[RankPlace], kernel_threads: int, eval_threads: in
 
 def seed_dropout(seed: int, worker: int, step: int) -> None:
     """Each worker its own dropout masks (θ₀ came from --seed alone, before this); seeded
-    per step, a resumed run draws the masks the uninterrupted one would have."""
-    import torch  # here: a quadratic run never loads torch
+    per step, a resumed run draws the masks the uninterrupted one would have. The batch of
+    the step is made just after (its augmentation draws first), here or in a loader process
+    seeded alike (gem_mpi.problem.loader)."""
+    from gem_mpi.problem.data import seed_step  # here: a quadratic run never loads torch
 
-    from gem_mpi.problem.data import mix_seed
-
-    torch.manual_seed(mix_seed(seed, worker, step))
+    seed_step(seed, worker, step)
 
 
 def data_stream(data: DataConfig, worker: int, n_workers: int, start_seq: int = 0) -> tuple:
     """(steps, batches) of worker number ``worker`` (1..n): the same stream whichever method
-    runs it, so that methods are compared on the same data."""
+    runs it, so that methods are compared on the same data, and whether its batches are made
+    in this process or in --loader-workers processes (page-locked when this rank trains on a
+    GPU, as :func:`torch_device` decides). ``batches.close()`` ends the loader processes."""
     # torch models only (problem.data imports torch; the quadratic never does)
-    from gem_mpi.problem.data import iterate_batches, steps_per_epoch, training_split
+    import torch
+
+    from gem_mpi.problem.data import steps_per_epoch, training_split
+    from gem_mpi.problem.loader import load_batches
 
     shard = (worker - 1, n_workers) if data.shard else None
     split = training_split(data, synthetic_size=data.synthetic_size)
     steps = steps_per_epoch(split, data.batch_size, shard) * data.epochs
     if data.max_steps:
         steps = min(steps, data.max_steps)
-    batches = iterate_batches(split, data.batch_size, data.epochs,
-                              seed=data.seed * 100_003 + worker, shard=shard, start=start_seq)
+    batches = load_batches(split, data.batch_size, data.epochs,
+                           seed=data.seed * 100_003 + worker, shard=shard, start=start_seq,
+                           workers=data.loader_workers, step_seed=(data.seed, worker),
+                           pin_memory=torch.cuda.is_available())
+    cores = _cores()
+    if data.loader_workers >= cores:
+        print(f"gem_mpi: worker {worker}: its {data.loader_workers} loader processes and its "
+              f"training share the {cores} core(s) this rank may run on; give each rank "
+              "--loader-workers + 1 cores (Open MPI binds each of up to 2 ranks to one core: "
+              "mpirun --bind-to none, or --map-by slot:PE=N; srun --cpus-per-task=N)",
+              file=sys.stderr, flush=True)
     return steps, batches
 
 
