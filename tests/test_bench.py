@@ -211,6 +211,8 @@ def test_bench_overlap_prints_a_row_per_order_against_the_compute_ceiling(tmp_pa
         assert r["bytes_pulled"] == 4 * n
         assert set(r["worker_split"]) >= {"compute", "commit", "pull", "wait", "other"}
         assert r["worker_split"]["compute"] > 0 and r["compute_ms"] > 0
+        assert 0 < r["hidden_ratio"] <= 1.05 and r["host_ms"] == pytest.approx(
+            10.0 / r["hidden_ratio"] - 10.0)
         assert set(r["master_split"]) == {"wait", "apply", "mpi", "metrics", "other"}
         assert r["bound"] in ("master", "worker") and r["apply_ms"] > 0
     assert "master capacity, 1 worker(s)" in res.stdout

@@ -135,13 +135,20 @@ def _row(run: analysis.Run, args: argparse.Namespace, workers: int, order: str, 
     master["other"] = 1.0 - sum(master.values())
     apply_ms = 1e3 * summary["master_apply_s"] / updates
     committed = committed_bytes(order, wire, args.params)
+    # the worker's own host work per step beyond the sleep (θ into the model, the gradient
+    # zeroed, Δθ, the payload's m and κ|m|): what a GPU would do inside its step, here on
+    # the critical path whatever the order; the ratio a row could reach with the commit, the
+    # pull and the wait all hidden is step / (step + host)
+    host_ms = 1e3 * float(np.nanmean((wt["compute"] + wt["load"] + wt["payload"])
+                                     / done[1:])) - args.step_ms
     return {"workers": workers, "order": order, "wire": wire, "params": args.params,
             "step_ms": args.step_ms, "steps": steps, "job_s": job_s,
             "updates": updates, "steps_per_s": per_s,
             "steps_per_s_each": each, "ceiling_steps_per_s": ceiling,
             "ratio": per_s / ceiling,
-            # compute per step as measured (the sleep, then gem_mpi's host work on θ)
+            # compute per step as measured (the sleep, θ's passes of the step)
             "compute_ms": 1e3 * float(np.nanmean(wt["compute"] / done[1:])),
+            "host_ms": host_ms, "hidden_ratio": args.step_ms / (args.step_ms + host_ms),
             "worker_split": split, "bytes_per_update": committed,
             "bytes_committed": committed, "bytes_pulled": 4 * args.params,
             "master_split": master, "master_cpu": summary.get("master_cpu_s", math.nan) / wall,
@@ -188,19 +195,22 @@ def print_overlap(result: dict) -> None:
               f"{c['threads']} thread(s)); the workers at the compute ceiling ask {ask:.0f} "
               f"upd/s ({ask / c['updates_per_s']:.2f} of it)")
     print(f"ratio = steps/s per worker / {result['ceiling_steps_per_s']:g} (1000 / step ms); "
-          "c ms = compute per step as measured; worker split (mean over workers, shares of "
+          "c ms = compute per step as measured; host ms = the worker's work on θ per step "
+          "beyond the sleep (compute, load, payload: a GPU's work, on the CPU here); hidden = "
+          "step / (step + host), the ratio with commit, pull and wait all hidden; worker split (mean over workers, shares of "
           "wall time): compute, payload (m, κ|m|), commit, wait (back-off sleeps included), "
           "pull, other; MB = per update committed (c) and pulled (p); master (shares of its "
           "wall time): idle, apply, mpi, metrics; apply ms = its kernel per update in the run; "
           f"bound: master when it idled under {100 * IDLE_BOUND:.0f} %, else worker")
-    cols = ["workers", "order", "wire", "steps/s", "ratio", "c ms", *(f"w:{k}" for k in SHOWN),
+    cols = ["workers", "order", "wire", "steps/s", "ratio", "c ms", "host ms", "hidden", *(f"w:{k}" for k in SHOWN),
             "MB c", "MB p", "m:idle", *(f"m:{k}" for k in MASTER_SPLIT[1:]), "apply ms",
             "bound"]
     print(" ".join(f"{c:>9}" for c in cols))
     for r in result["rows"]:
         w, m = r["worker_split"], r["master_split"]
         vals = [r["workers"], r["order"], r["wire"], f"{r['steps_per_s']:.2f}",
-                f"{r['ratio']:.2f}", f"{r['compute_ms']:.1f}",
+                f"{r['ratio']:.2f}", f"{r['compute_ms']:.1f}", f"{r['host_ms']:.1f}",
+                f"{r['hidden_ratio']:.2f}",
                 *(f"{100 * w[k]:.1f}%" for k in SHOWN), f"{r['bytes_committed'] / 1e6:.1f}",
                 f"{r['bytes_pulled'] / 1e6:.1f}", *(f"{100 * m[k]:.1f}%" for k in MASTER_SPLIT),
                 f"{r['apply_ms']:.1f}", r["bound"]]
