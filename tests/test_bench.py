@@ -204,3 +204,38 @@ def test_bench_gpu_dry_run_checks_learning_theta_and_the_masters_kernel(tmp_path
         assert all(w["steps"] >= 4 and w["gpu"] != w["gpu"] for w in r["workers"])  # NaN
     assert "gem_mpi.bench gpu: ok" in res.stdout and "dry run" in res.stdout
     assert "wait: bf16 " in res.stdout and "steps/s per worker against float32" in res.stdout
+
+
+@pytest.mark.mpi
+def test_bench_overlap_prints_a_row_per_order_against_the_compute_ceiling(tmp_path):
+    """A tiny overlap bench (1 worker, both orders, real mpirun jobs): the JSON's shape, the
+    bytes from the payload layout, each ratio a share of the compute-only ceiling."""
+    out = tmp_path / "v.json"
+    n = 5000
+    res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "overlap", "--params", str(n),
+                          "--step-ms", "10", "--workers", "1", "--orders", "wait", "pipelined",
+                          "--steps", "8", "--mpirun", "mpirun --oversubscribe",
+                          "--json", str(out)], capture_output=True, text=True, timeout=300,
+                         check=False, env=mpi_env(), cwd=REPO)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads(out.read_text())
+    assert result["params"] == n and result["ceiling_steps_per_s"] == pytest.approx(100.0)
+    [cap] = result["capacity"]
+    assert cap["workers"] == 1 and cap["updates_per_s"] > 0 and cap["threads"] >= 1
+    rows = result["rows"]
+    assert [(r["workers"], r["order"], r["wire"]) for r in rows] == [
+        (1, "wait", "float32"), (1, "pipelined", "float32")]
+    for r in rows:
+        assert 0 < r["ratio"] <= 1.05
+        assert r["ratio"] == pytest.approx(r["steps_per_s"] / 100.0)
+        assert r["updates"] == 8 and r["steps_per_s_each"] == [r["steps_per_s"]]
+        assert r["bytes_per_update"] == r["bytes_committed"] == 12 * n  # Δθ, κ|m|, s
+        assert r["bytes_pulled"] == 4 * n
+        assert set(r["worker_split"]) >= {"compute", "commit", "pull", "wait", "other"}
+        assert r["worker_split"]["compute"] > 0 and r["compute_ms"] > 0
+        assert 0 < r["hidden_ratio"] <= 1.05 and r["host_ms"] == pytest.approx(
+            10.0 / r["hidden_ratio"] - 10.0)
+        assert set(r["master_split"]) == {"wait", "apply", "mpi", "metrics", "other"}
+        assert r["bound"] in ("master", "worker") and r["apply_ms"] > 0
+    assert "master capacity, 1 worker(s)" in res.stdout
+    assert "1 worker(s): best ratio" in res.stdout

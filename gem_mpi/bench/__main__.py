@@ -13,6 +13,7 @@ from gem_mpi.bench.gpu import bench_gpu, print_gpu
 from gem_mpi.bench.kernel import bench_kernel, default_threads, print_kernel
 from gem_mpi.bench.master import bench_master, print_master
 from gem_mpi.bench.overhead import bench_overhead, print_overhead
+from gem_mpi.bench.overlap import ORDERS, WIRES, bench_overlap, print_overlap
 from gem_mpi.bench.transport import bench_transport, print_transport
 
 
@@ -105,7 +106,27 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--cpu", action="store_true", help="a dry run on the CPU (no CUDA)")
     g.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
                    help="launcher command line (one node)")
-    for p in (k, m, t, c, o, g):
+    v = sub.add_parser("overlap", help="a worker whose compute releases the GIL (a CPU "
+                       "stand-in for an accelerator): steps/s per worker against the compute "
+                       "alone, a row per worker order and wire format, with where the time "
+                       "goes and the master's capacity (run it outside mpirun)")
+    v.add_argument("--params", type=int, required=True, help="float32 parameters of the model")
+    v.add_argument("--step-ms", type=float, required=True,
+                   help="a worker's compute per step, milliseconds (slept, GIL released)")
+    v.add_argument("--workers", type=int, nargs="+", required=True,
+                   help="workers per run (1 master beside them): a row each")
+    v.add_argument("--orders", nargs="+", default=list(ORDERS), choices=ORDERS,
+                   help="worker orders (gem_mpi.train's --worker-mode), a row each")
+    v.add_argument("--wires", nargs="+", default=list(WIRES), choices=list(WIRES),
+                   help="wire formats of an update, a row each")
+    budget = v.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=int, default=None, help="steps per worker")
+    budget.add_argument("--seconds", type=float, default=30.0,
+                        help="steps per worker for this long at the compute ceiling "
+                        "(default; the run takes longer by what it falls short)")
+    v.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
+                   help="launcher command line (one node)")
+    for p in (k, m, t, c, o, g, v):
         p.add_argument("--json", help="write the results to this file too")
     args = parser.parse_args(argv)
     gem.kernel_threads()  # a bad GEM_NUM_THREADS is refused before anything runs
@@ -115,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         result, show = bench_overhead(args), print_overhead
     elif args.what == "gpu":
         result, show = bench_gpu(args), print_gpu
+    elif args.what == "overlap":
+        result, show = bench_overlap(args), print_overlap
     elif args.what == "kernel":
         threads = args.threads or default_threads()
         if min(threads) < 1:
