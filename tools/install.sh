@@ -120,7 +120,8 @@ _gem_install_main() {
   # MPICH for mpi4py's wheel: it asks for libmpi.so.12, Debian names it libmpich.so.12
   if [[ "${GEM_MPI_MPICH:-1}" != 0 ]]; then
     local mpich_lib="${GEM_MPI_MPICH_LIB:-$HOME/.cache/gem_mpi/mpich/lib}" libmpich
-    libmpich="$(/sbin/ldconfig -p 2>/dev/null | awk '/libmpich\.so\.12 /{print $NF; exit}')"
+    # awk reads to the end: an early exit would kill ldconfig with SIGPIPE (141 under pipefail)
+    libmpich="$(/sbin/ldconfig -p 2>/dev/null | awk '/libmpich\.so\.12 / && !f {print $NF; f = 1}')"
     if [[ -z "$libmpich" ]]; then
       _gem_say "libmpich.so.12 not found: install Debian's mpich, or set GEM_MPI_MPICH=0"
       return 1
