@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--loader-workers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--max-steps", type=int, default=0, help="stop after this many (0: all)")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -48,6 +49,8 @@ def main() -> None:
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     steps = args.epochs * len(loader)
+    if args.max_steps:
+        steps = min(steps, args.max_steps)
 
     def factor(step: int) -> float:  # gem_mpi's warm-up and cosine, step by step
         if step < args.warmup_steps:
@@ -58,8 +61,12 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     t0 = time.perf_counter()
     model.train()
+    done = 0
     for _ in range(args.epochs):
         for x, y in loader:
+            if done == steps:
+                break
+            done += 1
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = F.cross_entropy(model(x), y)
             opt.zero_grad()

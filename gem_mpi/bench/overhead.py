@@ -46,11 +46,10 @@ WORKER_SPLIT = tuple(WORKER_TIME_SPLIT)  # the columns that split a worker's wal
 MASTER_SPLIT = ("wait", "apply", "mpi", "metrics")  # "wait" is the master's idle time
 
 
-def _ceiling_process(options: dict, worker: int, n: int, steps: int, barrier: object,
-                     out: object) -> None:
-    """One process of the ceiling: set up, wait for the others, then time ``steps`` steps."""
-    import torch
-
+def _single_trainer(options: dict) -> tuple:
+    """(config, problem, model in train mode, momentum SGD) of one process on one thread: the
+    plain loop a worker's step is measured against."""
+    import torch  # in the benchmark's own processes only
 
     torch.set_num_threads(1)
     cfg = Config.of(**options)
@@ -58,6 +57,13 @@ def _ceiling_process(options: dict, worker: int, n: int, steps: int, barrier: ob
     model = problem.model
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum)
+    return cfg, problem, model, opt
+
+
+def _ceiling_process(options: dict, worker: int, n: int, steps: int, barrier: object,
+                     out: object) -> None:
+    """One process of the ceiling: set up, wait for the others, then time ``steps`` steps."""
+    cfg, problem, model, opt = _single_trainer(options)
     _, batches = data_stream(cfg.data, worker, n)
 
     def step(i: int) -> None:
@@ -79,14 +85,7 @@ def _ceiling_process(options: dict, worker: int, n: int, steps: int, barrier: ob
 def _split_process(options: dict, steps: int, out: object) -> None:
     """One worker's loop alone, its seconds split: waiting for each batch (load), and the
     forward, backward and step (compute)."""
-    import torch
-
-    torch.set_num_threads(1)
-    cfg = Config.of(**options)
-    problem = build_problem(cfg.data, with_theta0=False)
-    model = problem.model
-    model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum)
+    cfg, problem, model, opt = _single_trainer(options)
     _, batches = data_stream(cfg.data, 1, 1)
     load = compute = 0.0
     try:
