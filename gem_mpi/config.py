@@ -38,8 +38,8 @@ PROXY_LOCAL, PROXY_GLOBAL = "local", "global"
 GEM_PROXIES = (PROXY_LOCAL, PROXY_GLOBAL)
 # where a worker computes its next gradient: at θ pulled after its own update was applied
 # (it waits), or at θ pulled just before it commits that update (Algorithm 1's order)
-WAIT, PIPELINED = "wait", "pipelined"
-WORKER_MODES = (WAIT, PIPELINED)
+WAIT, PIPELINED, OVERLAP = "wait", "pipelined", "overlap"
+WORKER_MODES = (WAIT, PIPELINED, OVERLAP)
 # η over a worker's own steps (gem_mpi.algorithm.stepsize): after --warmup-steps, constant,
 # multiplied by --lr-gamma every --lr-step-every steps, or a cosine down to --lr-min
 CONSTANT, STEP, COSINE = "constant", "step", "cosine"
@@ -127,7 +127,11 @@ class OptimConfig:
                            "'pipelined': it computes the next update at once, at the θ it "
                            "pulled just before the commit, while the master applies it "
                            "(Algorithm 1's order: with --gem-shift others, Algorithm 1 "
-                           "exactly); asynchronous methods only",
+                           "exactly); 'overlap': a compute thread computes step k+1 while "
+                           "the worker commits step k and pulls the θ of step k+2, so a step "
+                           "costs the longer of compute and communication, not their sum "
+                           "(one step more staleness, which GEM's shift sees: s is the θ "
+                           "each update was computed at); asynchronous methods only",
                            check=(lambda v: v in WORKER_MODES,
                                   f"one of {', '.join(WORKER_MODES)}"))
     lr_schedule: str = opt(CONSTANT, "η over each worker's own steps (sync: the steps): "

@@ -34,7 +34,7 @@ from gem_mpi.run.supervisor import (
     StopFlag,
     say,
 )
-from gem_mpi.transport import MASTER, MPI, soft_barrier, window_check
+from gem_mpi.transport import MASTER, MPI, soft_barrier, thread_check, window_check
 
 
 def thread_level(cfg: config.Config | None) -> str:
@@ -57,6 +57,8 @@ def prepare(cfg: config.Config, comm: MPI.Intracomm
     error = comm.bcast(error, root=MASTER)
     if error is None and cfg.method != config.SYNC:
         error = window_check(comm)  # a stack that cannot make the windows: one line, exit 2
+    if error is None and cfg.optim.worker_mode == config.OVERLAP:
+        error = thread_check(comm)  # a compute thread beside the MPI one
     return error, resumed
 
 

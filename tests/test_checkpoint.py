@@ -98,10 +98,11 @@ def test_sigterm_to_the_whole_job_leaves_a_checkpoint_and_resume_finishes(tmp_pa
     _check_whole_run(tmp_path)
 
 
-@pytest.mark.parametrize("mode", ["wait", "pipelined"])
+@pytest.mark.parametrize("mode", ["wait", "pipelined", "overlap"])
 def test_killed_worker_ends_the_job_and_resume_recovers(tmp_path, mode):
-    """Pipelined, the killed worker may have had an update in flight: applied at most once
-    before the kill, and every update exactly once after the resume."""
+    """Pipelined or overlapped, the killed worker may have had an update in flight (and,
+    overlapped, the next one computed): applied at most once before the kill, and every
+    update exactly once after the resume."""
     proc = train_background(WORKERS + 1, *_args(tmp_path, "--worker-mode", mode))
     try:
         wait_until(proc, _has_checkpoint(tmp_path))
@@ -160,13 +161,15 @@ def _gem_args(tmp: Path, steps: int, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("shift,mode", [("others", "wait"), ("paper", "wait"),
-                                        ("others", "pipelined"), ("paper", "pipelined")])
+                                        ("others", "pipelined"), ("paper", "pipelined"),
+                                        ("others", "overlap"), ("paper", "overlap")])
 def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path, shift, mode):
     """Exact in both readings of the shift: with ``paper`` the master keeps each worker's s
     in its mailbox slot, and the checkpoint now carries it (the replay was off by up to
     0.099 before). Pipelined, a worker stops with its next update computed and maybe its
     last one unapplied: m folds an update only once it is committed, so m is at most one
-    fold ahead of what was applied, which the momentum file's ``prev`` covers."""
+    fold ahead of what was applied, which the momentum file's ``prev`` covers. Overlapped,
+    the next step is computed too, but m still folds only right before a commit."""
     steps = 8000
     args = _gem_args(tmp_path, steps, "--gem-shift", shift, "--worker-mode", mode)
     proc = train_background(WORKERS + 1, *args)
@@ -187,7 +190,8 @@ def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path, shift, mod
 
 @pytest.mark.parametrize("shift, mode, crash", [("others", "wait", False),
                                                ("paper", "pipelined", False),
-                                               ("paper", "wait", True)])
+                                               ("paper", "wait", True),
+                                               ("others", "overlap", True)])
 def test_global_proxy_stop_or_crash_then_resume_is_exact(tmp_path, shift, mode, crash):
     """--gem-proxy global: m is the master's, so every checkpoint holds it (beside θ and,
     with paper, the kept s) and the workers keep nothing: a resume after a stop and even

@@ -67,7 +67,7 @@ def test_eps_and_pi_max_are_checked_in_the_kernels_float32():
 
 def test_worker_modes_are_named_and_only_for_the_asynchronous_methods():
     cfg, _ = config.parse(["--worker-mode", "eager"])
-    with pytest.raises(UsageError, match="^--worker-mode must be one of wait, pipelined"):
+    with pytest.raises(UsageError, match="^--worker-mode must be one of wait, pipelined, overlap"):
         validate(cfg, 5, data=False)
     cfg, _ = config.parse(["--method", "sync", "--worker-mode", "pipelined"])
     with pytest.raises(UsageError, match="--worker-mode is for the asynchronous methods"):

@@ -42,11 +42,12 @@ def test_transport_and_training_on_each_stack(stack, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert_stress_report(out, workers, steps)
 
-    # a short GEM run that learns
+    # a short GEM run that learns, its workers computing on a thread beside the one that
+    # calls MPI (--worker-mode overlap: MPI_THREAD_FUNNELED, checked on every rank)
     metrics = tmp_path / "run.h5"
     res = launch(stack, 3, ["-m", "gem_mpi.train",
-                            *quadratic_args(dim=2000, method="gem", steps=300, eval_every=0,
-                                            metrics=metrics)])
+                            *quadratic_args("--worker-mode", "overlap", dim=2000, method="gem",
+                                            steps=300, eval_every=0, metrics=metrics)])
     assert res.returncode == 0, res.stdout + res.stderr
     assert_learns(metrics, 2, 300)
 

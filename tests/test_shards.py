@@ -88,8 +88,12 @@ def _run(tmp: Path, masters: int, method: str, steps: int, *extra: str):
 @pytest.mark.parametrize("shift", ["others", "paper"])
 @pytest.mark.parametrize("masters", [2, 3])
 def test_each_shard_replays_its_own_event_order_bit_for_bit(tmp_path, masters, shift):
+    """GEM over 2 or 3 shards (the 3-shard runs overlapped: each shard's slice of θ pulled
+    into its slice of the buffer the compute thread does not hold)."""
     steps = 60
-    h5, theta, err = _run(tmp_path, masters, "gem", steps, "--gem-shift", shift)
+    mode = "overlap" if masters == 3 else "wait"
+    h5, theta, err = _run(tmp_path, masters, "gem", steps, "--gem-shift", shift,
+                          "--worker-mode", mode)
     assert f"{masters} masters (θ's shards: " in err
     assert_shards_replay(h5, theta, masters, "gem", steps, momentum=MU, kappa=1.0,
                          pi_max=5.0, eps=1e-16, shift=shift)
@@ -117,7 +121,7 @@ def test_the_global_proxy_replays_each_shards_own_event_order_bit_for_bit(tmp_pa
         assert (u["energy_proxy"] > 0).all()
 
 
-@pytest.mark.parametrize("mode", ["wait", "pipelined"])
+@pytest.mark.parametrize("mode", ["wait", "pipelined", "overlap"])
 def test_adaptive_staleness_takes_each_shards_own_tau(tmp_path, mode):
     """1/(τ+1) with τ the staleness on the shard applying it (its own clock)."""
     steps = 60

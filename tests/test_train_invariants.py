@@ -51,7 +51,7 @@ def _check_log(run) -> dict:
     return u
 
 
-@pytest.mark.parametrize("mode", ["wait", "pipelined"])
+@pytest.mark.parametrize("mode", ["wait", "pipelined", "overlap"])
 @pytest.mark.parametrize("method", ["downpour", "adaptive"])
 def test_final_theta_is_theta0_plus_the_applied_updates(tmp_path, method, mode):
     run, theta_final = _run(tmp_path, method, "--worker-mode", mode)
@@ -127,10 +127,37 @@ def test_pipelined_gem_workers_equal_the_replay_of_their_event_order(tmp_path, s
     assert (u["staleness"][u["seq"] > 0] >= 1).all()
 
 
+@pytest.mark.parametrize("kernel", ["extension", "numpy"])
+@pytest.mark.parametrize("shift", ["others", "paper"])
+def test_overlapped_gem_workers_equal_the_replay_of_their_event_order(tmp_path, shift, kernel):
+    """--worker-mode overlap (step k+1 computed while step k is committed and θ_{k+2}
+    pulled): the replay of the run's event order gives θ bit for bit in both readings of
+    the shift and both kernels, with s each update's own θ; update k was computed at a θ
+    pulled after the worker's update k-3 was applied and before its update k-1 was: one
+    step more staleness than pipelined, recorded as such."""
+    extra = ["--worker-mode", "overlap", "--gem-shift", shift]
+    run, theta_final = _run(tmp_path, "gem", *extra,
+                            *(["--no-extension"] if kernel == "numpy" else []))
+    u = _check_log(run)
+    ref = replay(u, Quadratic(DIM, 0), "gem", LR, MU, 1.0, 5.0, 1e-16,
+                 window=len(u["worker"]) + 1, shift=shift)
+    assert np.array_equal(theta_final, ref.theta)
+    clocks = {(w, seq): c for w, seq, c in zip(u["worker"].tolist(), u["seq"].tolist(),
+                                                u["clock"].tolist())}
+    for w, seq, pulled in zip(u["worker"].tolist(), u["seq"].tolist(),
+                              u["version_pulled"].tolist()):
+        if seq >= 1:
+            assert pulled <= clocks[w, seq - 1]
+        if seq >= 3:
+            assert pulled > clocks[w, seq - 3]
+    assert (u["staleness"][u["seq"] > 0] >= 1).all()
+
+
 @pytest.mark.parametrize("shift, mode, kernel", [
     ("others", "wait", "extension"), ("paper", "wait", "extension"),
     ("others", "wait", "numpy"), ("paper", "wait", "numpy"),
-    ("others", "pipelined", "extension"), ("paper", "pipelined", "numpy")])
+    ("others", "pipelined", "extension"), ("paper", "pipelined", "numpy"),
+    ("others", "overlap", "numpy"), ("paper", "overlap", "extension")])
 def test_global_proxy_equals_the_single_process_replay(tmp_path, shift, mode, kernel):
     """--gem-proxy global: one m at the master, every applied Δθ folded into it in clock
     order with μ_g = μ^(1/n), c = (1 − μ_g)/(1 − μ); the replay of the run's event order

@@ -16,6 +16,7 @@ import pytest
 import torch
 from helpers import (
     REPO,
+    assert_exactly_once,
     mpi_env,
     mpirun_cmd,
     quadratic_args,
@@ -45,6 +46,7 @@ USER_CODE = REPO / "tests" / "user_code"
     ("--lr-schedule", "cosine", "--warmup-steps", "5", "--lr-min", "0.005"),
     ("--clip-grad-norm", "10"),
     ("--lr-schedule", "cosine", "--clip-grad-norm", "10", "--worker-mode", "pipelined"),
+    ("--lr-schedule", "step", "--lr-step-every", "15", "--worker-mode", "overlap"),
 ])
 def test_each_schedule_and_clipping_is_replayed_bit_for_bit(tmp_path, method, schedule):
     h5, out = tmp_path / "run.h5", tmp_path / "theta.npy"
@@ -110,6 +112,23 @@ def test_bf16_autocast_trains_on_the_cpu_and_is_recorded(tmp_path, method, ranks
         assert run.summary["test_accuracy"] > 0.3  # chance: 0.1
         thetas[amp] = torch.cat([t.flatten() for t in torch.load(out).values()])
     assert not torch.equal(thetas["off"], thetas["bf16"])
+
+
+def test_an_overlapped_cnn_learns_with_every_part_of_the_loop(tmp_path):
+    """--worker-mode overlap on a torch CNN (the compute thread, Δθ made on the sending
+    thread, three θ buffers), with bf16 autocast, a cosine schedule and clipping: 2 GEM
+    workers learn Fashion-MNIST, every update is applied once, and each update after a
+    worker's first was computed without its previous one (one step more staleness)."""
+    h5 = tmp_path / "run.h5"
+    res = train(3, *FASHION, "--method", "gem", "--max-steps", "150", "--worker-mode",
+                "overlap", "--amp", "bf16", "--lr-schedule", "cosine", "--clip-grad-norm",
+                "5", "--metrics", str(h5), timeout=300)
+    assert res.returncode == 0, res.stderr
+    run = load_run(h5)
+    u = run.updates
+    assert_exactly_once(u["worker"], u["seq"], (1, 2), 150)
+    assert (u["staleness"][u["seq"] > 0] >= 1).all()
+    assert run.summary["test_accuracy"] > 0.6  # chance: 0.1
 
 
 def _bn_run(tmp_path: Path, bn_batches: int) -> tuple[float, Path]:

@@ -124,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     budget.add_argument("--seconds", type=float, default=30.0,
                         help="steps per worker for this long at the compute ceiling "
                         "(default; the run takes longer by what it falls short)")
-    v.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
-                   help="launcher command line (one node)")
+    v.add_argument("--mpirun", default="mpirun --oversubscribe --bind-to none --mca btl "
+                   "self,vader", help="launcher command line (one node; unbound, so that a "
+                   "worker's compute thread and its communication thread may run on two "
+                   "cores, as a GPU worker's host threads do: Open MPI binds each of two "
+                   "ranks to one core otherwise)")
     for p in (k, m, t, c, o, g, v):
         p.add_argument("--json", help="write the results to this file too")
     args = parser.parse_args(argv)

@@ -38,7 +38,7 @@ from gem_mpi.config import Config
 from gem_mpi.outputs import analysis
 from gem_mpi.protocol import WORKER_TIME_SPLIT, update_payload
 
-ORDERS = ("wait", "pipelined")  # --worker-mode values, each a row
+ORDERS = ("wait", "pipelined", "overlap")  # --worker-mode values, each a row
 # wire format -> gem_mpi.train's options for it; float32, today's only one, takes none
 WIRES: dict[str, tuple[str, ...]] = {"float32": ()}
 MODEL = "gem_mpi.bench.overlap:model"
@@ -135,19 +135,22 @@ def _row(run: analysis.Run, args: argparse.Namespace, workers: int, order: str, 
     master["other"] = 1.0 - sum(master.values())
     apply_ms = 1e3 * summary["master_apply_s"] / updates
     committed = committed_bytes(order, wire, args.params)
-    # the worker's own host work per step beyond the sleep (θ into the model, the gradient
-    # zeroed, Δθ, the payload's m and κ|m|): what a GPU would do inside its step, here on
-    # the critical path whatever the order; the ratio a row could reach with the commit, the
-    # pull and the wait all hidden is step / (step + host)
-    host_ms = 1e3 * float(np.nanmean((wt["compute"] + wt["load"] + wt["payload"])
-                                     / done[1:])) - args.step_ms
+    # compute per step as the updates report it (the sleep, θ into the model, the gradient
+    # zeroed, Δθ): on the compute thread with the overlap order; the worker's own host work
+    # beyond the sleep (that, and the payload's m and κ|m| where it is on the critical
+    # path: every order but overlap) is what a GPU would do inside its step; the ratio a
+    # row could reach with the commit, the pull and the wait all hidden is step / (step +
+    # host)
+    compute_ms = 1e3 * float(np.mean(run.updates["compute_s"]))
+    payload_ms = 0.0 if order == "overlap" else 1e3 * float(np.nanmean(wt["payload"]
+                                                                        / done[1:]))
+    host_ms = compute_ms + payload_ms - args.step_ms
     return {"workers": workers, "order": order, "wire": wire, "params": args.params,
             "step_ms": args.step_ms, "steps": steps, "job_s": job_s,
             "updates": updates, "steps_per_s": per_s,
             "steps_per_s_each": each, "ceiling_steps_per_s": ceiling,
             "ratio": per_s / ceiling,
-            # compute per step as measured (the sleep, θ's passes of the step)
-            "compute_ms": 1e3 * float(np.nanmean(wt["compute"] / done[1:])),
+            "compute_ms": compute_ms,
             "host_ms": host_ms, "hidden_ratio": args.step_ms / (args.step_ms + host_ms),
             "worker_split": split, "bytes_per_update": committed,
             "bytes_committed": committed, "bytes_pulled": 4 * args.params,
@@ -195,8 +198,10 @@ def print_overlap(result: dict) -> None:
               f"{c['threads']} thread(s)); the workers at the compute ceiling ask {ask:.0f} "
               f"upd/s ({ask / c['updates_per_s']:.2f} of it)")
     print(f"ratio = steps/s per worker / {result['ceiling_steps_per_s']:g} (1000 / step ms); "
-          "c ms = compute per step as measured; host ms = the worker's work on θ per step "
-          "beyond the sleep (compute, load, payload: a GPU's work, on the CPU here); hidden = "
+          "c ms = compute per step as the updates report it; host ms = the worker's work on θ "
+          "per step beyond the sleep on its critical path (compute, and the payload but with "
+          "overlap: a GPU's work, on the CPU here); w:compute = waiting for the compute "
+          "thread with overlap; hidden = "
           "step / (step + host), the ratio with commit, pull and wait all hidden; worker split (mean over workers, shares of "
           "wall time): compute, payload (m, κ|m|), commit, wait (back-off sleeps included), "
           "pull, other; MB = per update committed (c) and pulled (p); master (shares of its "

@@ -1,20 +1,26 @@
 """A worker rank: pull θ, compute Δθ = −η∇L(s) on its next mini-batch, commit, repeat.
 
 For GEM the worker also folds Δθ into its proxy momentum (with ``--gem-proxy global`` the
-master keeps it instead) and sends the master the payload of :mod:`gem_mpi.protocol`. Two orders (``--worker-mode``): ``wait``, where after a commit the
-worker waits until the master has applied it before pulling again, so its next gradient is
-taken at a θ holding its own update; and ``pipelined``, Algorithm 1's order, where it
-computes the next Δθ at once at the θ pulled just before the commit, while the master applies
-it, and waits for its mailbox slot only before the next commit. One update in flight is
-enough: the compute of the next one hides its application, and the single slot per worker
-keeps the master's memory and the exactly-once bookkeeping as they are.
+master keeps it instead) and sends the master the payload of :mod:`gem_mpi.protocol`. Three
+orders (``--worker-mode``): ``wait``, where after a commit the worker waits until the master
+has applied it before pulling again, so its next gradient is taken at a θ holding its own
+update; ``pipelined``, Algorithm 1's order, where it computes the next Δθ at once at the θ
+pulled just before the commit, while the master applies it, and waits for its mailbox slot
+only before the next commit; and ``overlap``, where a compute thread computes step k+1 while
+the thread that started MPI (the only one that calls it: MPI_THREAD_FUNNELED) commits step k
+and pulls θ for step k+2, so that a step costs the longer of compute and communication
+instead of their sum, at one step more staleness, which GEM's shift sees. One update in
+flight is enough: the single slot per worker keeps the master's memory and the
+exactly-once bookkeeping as they are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +28,7 @@ import numpy as np
 from gem_mpi.algorithm.kernel import load_extension
 from gem_mpi.algorithm.rule import WorkerRule
 from gem_mpi.algorithm.stepsize import Schedule, clip
-from gem_mpi.config import AMP_BF16, PIPELINED, Config, DataConfig, OptimConfig
+from gem_mpi.config import AMP_BF16, OVERLAP, PIPELINED, Config, DataConfig, OptimConfig
 from gem_mpi.engine.shards import Plan
 from gem_mpi.outputs import checkpoint
 from gem_mpi.problem import Problem, unflatten
@@ -49,6 +55,7 @@ class _QuadraticSteps:
         self.load_s = 0.0  # Δθ is computed on the pulled θ in place
         self.gpu_s = float("nan")
         self.pull_buffer = None  # pulls land in the endpoint's own buffer
+        self.pull_buffers: list[np.ndarray] = []
 
     def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
         if self.plain:
@@ -59,6 +66,12 @@ class _QuadraticSteps:
 
     def host(self, a: np.ndarray) -> np.ndarray:
         return a
+
+    def comm_stream(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def settle(self, seq: int, delta: np.ndarray) -> np.ndarray:
+        return delta
 
     def close(self) -> None:
         """Nothing to end: the quadratic has no data stream."""
@@ -75,7 +88,9 @@ class _TorchSteps:
     """
 
     def __init__(self, cfg: Config, problem: Problem, rank: int, n_workers: int,
-                 placement: Placement, start_seq: int = 0) -> None:
+                 placement: Placement, start_seq: int = 0, overlapped: bool = False) -> None:
+        """``overlapped`` (--worker-mode overlap): two Δθ buffers and three pull buffers
+        taking turns, see :func:`_overlap_order`."""
         import torch
 
         self.torch = torch
@@ -87,37 +102,67 @@ class _TorchSteps:
         self.params = list(self.model.parameters())
         self._first_seq = start_seq
         n = problem.n_params
-        self.on_gpu = self.device.type == "cuda"
         self.load_s = 0.0  # copying θ into the model's parameters
         self.gpu_s = float("nan")  # the GPU's own time for the steps (see protocol)
-        self._grad = torch.zeros(n, dtype=torch.float32, device=self.device)
-        for p, view in zip(self.params, unflatten(self._grad, self.params)):
-            p.grad = view
-        self.delta = torch.empty(n, dtype=torch.float32, device=self.device)  # Δθ on the device
+        self.on_gpu = self.device.type == "cuda"
+        # overlapped on the CPU, Δθ = −ηg and g's zeroing are the communication thread's
+        # (settle): two gradient buffers take turns, each zero when its step starts
+        self._deferred = overlapped and not self.on_gpu
+        self._grads = [torch.zeros(n, dtype=torch.float32, device=self.device)
+                       for _ in range(2 if self._deferred else 1)]
+        self._lrs = [cfg.optim.lr] * len(self._grads)  # each turn's η, for settle
+        self._grad = self._grads[0]
+        self._bind_grads(self._grad)
+        # Δθ on the device: one buffer, or two taking turns (--worker-mode overlap: step k's
+        # is still being sent while step k+1's is computed)
+        self._deltas = [torch.empty(n, dtype=torch.float32, device=self.device)
+                        for _ in range(2 if overlapped else 1)]
+        self.delta = self._deltas[0]
         self.steps, self.batches = data_stream(cfg.data, rank, n_workers, start_seq)
         self.lr = cfg.optim.lr
         self.schedule = Schedule.of(cfg.optim, self.steps)
         self.clip_norm = cfg.optim.clip_grad_norm
         self.amp = torch.bfloat16 if cfg.optim.amp == AMP_BF16 else None
         self._bound: int | None = None  # the host θ the CPU parameters view
-        self.pull_buffer: np.ndarray | None = None  # where the worker's pulls land (GPU)
+        self.pull_buffers: list[np.ndarray] = []  # where the worker's pulls land (GPU)
         self._next: tuple | None = None  # (seq, x, y, ready event): a batch on its way (GPU)
         if self.on_gpu:
-            self._init_gpu(n)
+            self._init_gpu(n, overlapped)
 
-    def _init_gpu(self, n: int) -> None:
+    def _init_gpu(self, n: int, overlapped: bool) -> None:
         torch = self.torch
-        pinned = torch.empty(n, dtype=torch.float32, pin_memory=True)
-        self._pull_host = pinned
-        self.pull_buffer = pinned.numpy()
+        pinned = [torch.empty(n, dtype=torch.float32, pin_memory=True)
+                  for _ in range(3 if overlapped else 1)]
+        self.pull_buffers = [p.numpy() for p in pinned]
+        self._pinned = {b.ctypes.data: p for b, p in zip(self.pull_buffers, pinned)}
         self._flat = torch.empty(n, dtype=torch.float32, device=self.device)
         self._bind(self._flat)
-        self._delta_host = torch.empty(n, dtype=torch.float32, pin_memory=True)
+        self._delta_hosts = [torch.empty(n, dtype=torch.float32, pin_memory=True)
+                             for _ in range(len(self._deltas))]
         self._a_host = None  # κ|m|'s page-locked copy: made at its first use (the global
         # proxy sends no κ|m|, so its workers never pin θ's size a third time)
         self._loss_host = torch.empty(1, dtype=torch.float32, pin_memory=True)
         self._copies = torch.cuda.Stream(self.device)  # host <-> device beside the compute
+        self._a_copies = None  # κ|m|'s copies, made on the thread that folds m (host())
         self.gpu_s = 0.0
+
+    @property
+    def pull_buffer(self) -> np.ndarray | None:
+        """Where the worker's pulls land: page-locked memory on a GPU, else its own."""
+        return self.pull_buffers[0] if self.pull_buffers else None
+
+    def comm_stream(self) -> contextlib.AbstractContextManager:
+        """A context for the thread that folds m and sends while another computes (--worker-
+        mode overlap): on a GPU a CUDA stream of its own (the current stream is per
+        thread), so that its work never queues behind the next step's; else nothing."""
+        if not self.on_gpu:
+            return contextlib.nullcontext()
+        return self.torch.cuda.stream(self.torch.cuda.Stream(self.device))
+
+    def _bind_grads(self, flat: object) -> None:
+        """Make every parameter's .grad a view of ``flat`` (backward accumulates there)."""
+        for p, view in zip(self.params, unflatten(flat, self.params)):
+            p.grad = view
 
     def _bind(self, flat: object) -> None:
         """Make every parameter a view of ``flat`` (θ's layout, this worker's device)."""
@@ -157,18 +202,20 @@ class _TorchSteps:
         y.record_stream(compute)
         self._next = (seq, x, y, ready)
 
-    def _to_host(self, pairs: tuple[tuple[object, object], ...], timing: bool = False
-                 ) -> object:
-        """Copy each (device source, page-locked destination) on the side stream, after the
-        compute queued so far; returns the event that marks them done."""
+    def _to_host(self, pairs: tuple[tuple[object, object], ...], timing: bool = False,
+                 stream: object = None) -> object:
+        """Copy each (device source, page-locked destination) on a side stream (default: the
+        compute's copies), after the work queued so far on this thread's current stream;
+        returns the event that marks them done."""
         torch = self.torch
+        copies = self._copies if stream is None else stream
         computed = torch.cuda.Event()
         computed.record()
         done = torch.cuda.Event(enable_timing=timing)
-        with torch.cuda.stream(self._copies):
-            self._copies.wait_event(computed)
+        with torch.cuda.stream(copies):
+            copies.wait_event(computed)
             for src, dst in pairs:
-                src.record_stream(self._copies)
+                src.record_stream(copies)
                 dst.copy_(src, non_blocking=True)
             done.record()
         return done
@@ -180,14 +227,20 @@ class _TorchSteps:
         if self.on_gpu:
             start = torch.cuda.Event(enable_timing=True)
             start.record()
-            src = self._pull_host if theta is self.pull_buffer else torch.from_numpy(theta)
-            self._flat.copy_(src, non_blocking=True)
+            src = self._pinned.get(theta.ctypes.data)
+            self._flat.copy_(torch.from_numpy(theta) if src is None else src,
+                             non_blocking=True)
         elif self._bound != theta.ctypes.data:  # the worker's pull buffer, the same each step
             self._bind(torch.from_numpy(theta))
             self._bound = theta.ctypes.data
         self.load_s += time.perf_counter() - t
         x, y = self._batch(seq)
-        self._grad.zero_()
+        turn = seq % len(self._deltas)
+        if self._deferred:  # this turn's g, zeroed by the settle of two steps ago
+            self._grad = self._grads[turn]
+            self._bind_grads(self._grad)
+        else:
+            self._grad.zero_()
         with torch.autocast(self.device.type, dtype=self.amp or torch.float32,
                             enabled=self.amp is not None):
             loss = self.loss(self.model(x), y)
@@ -197,15 +250,30 @@ class _TorchSteps:
         if self.clip_norm > 0:  # before Δθ, and so before GEM's momentum fold
             torch.nn.utils.clip_grad_norm_(self.params, self.clip_norm)
         lr = self.lr if self.schedule.constant else float(self.schedule.eta(seq))
+        self.delta = self._deltas[turn]
+        if self._deferred:
+            self._lrs[turn] = lr
+            return None, float(loss.detach())  # Δθ: settle(), on the other thread
         torch.mul(self._grad, -lr, out=self.delta)  # Δθ, on the device
         if not self.on_gpu:
             return self.delta.numpy(), float(loss.detach())
-        done = self._to_host(((self.delta, self._delta_host),
+        delta_host = self._delta_hosts[turn]
+        done = self._to_host(((self.delta, delta_host),
                               (loss.detach().reshape(1), self._loss_host)), timing=True)
         self._prefetch(seq + 1)  # on the CPU, while the GPU computes this step
         done.synchronize()
         self.gpu_s += start.elapsed_time(done) / 1e3
-        return self._delta_host.numpy(), float(self._loss_host[0])
+        return delta_host.numpy(), float(self._loss_host[0])
+
+    def settle(self, seq: int, delta: np.ndarray | None) -> np.ndarray:
+        """Step ``seq``'s Δθ on the host: as computed, or (overlapped on the CPU) −ηg made
+        now, its g zeroed for the step after next; on the thread that sends it."""
+        if delta is not None:
+            return delta
+        turn = seq % len(self._deltas)
+        self.torch.mul(self._grads[turn], -self._lrs[turn], out=self._deltas[turn])
+        self._grads[turn].zero_()
+        return self._deltas[turn].numpy()
 
     def _check_grads(self) -> None:
         """Autograd accumulates into an existing .grad in place; a model whose backward
@@ -224,7 +292,8 @@ class _TorchSteps:
         if self._a_host is None:
             self._a_host = self.torch.empty(a.numel(), dtype=self.torch.float32,
                                             pin_memory=True)
-        self._to_host(((a, self._a_host),)).synchronize()
+            self._a_copies = self.torch.cuda.Stream(self.device)
+        self._to_host(((a, self._a_host),), stream=self._a_copies).synchronize()
         return self._a_host.numpy()
 
     def close(self) -> None:
@@ -251,13 +320,25 @@ class TimeSplit:
 
     def final(self, load_s: float, gpu_s: float, backoff_s: float) -> np.ndarray:
         """The DONE message's columns: the copy of θ into the model taken out of compute,
-        the sleeps of the back-off out of waiting, the wall time since the first pull."""
+        the sleeps of the back-off out of waiting, the wall time since the first pull. With
+        --worker-mode overlap the compute column is the wait for the compute thread and
+        load_s, spent there, is 0 here."""
         c = self.columns
         c["load"], c["gpu"], c["backoff"] = load_s, gpu_s, backoff_s
         c["compute"] -= load_s
         c["wait"] -= backoff_s
         c["wall"] = time.perf_counter() - self.start
         return np.array([c[k] for k in WORKER_TIME_COLUMNS], np.float32)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One computed step: Δθ on the host and where m lives, its loss and compute seconds."""
+
+    delta: np.ndarray | None
+    on_device: object
+    loss: float
+    compute_s: float
 
 
 @dataclass
@@ -278,18 +359,33 @@ class _Worker:
         the --straggler factor, slept here)."""
         delta, loss = self.steps_fn(self.ep.theta, seq)
         compute_s = self.split.charge("compute")  # θ into the model, forward, backward, Δθ
-        if self.slow_factor > 1.0:  # --straggler: this worker takes FACTOR times as long
-            time.sleep((self.slow_factor - 1.0) * compute_s)
-            compute_s *= self.slow_factor
+        compute_s = self.straggle(compute_s)
         self.split.charge("straggle")
         return delta, loss, compute_s
 
-    def payload(self, delta: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, ...]:
+    def straggle(self, compute_s: float) -> float:
+        """--straggler: this worker takes FACTOR times as long (the rest slept here)."""
+        if self.slow_factor > 1.0:
+            time.sleep((self.slow_factor - 1.0) * compute_s)
+            compute_s *= self.slow_factor
+        return compute_s
+
+    def step(self, seq: int, theta: np.ndarray) -> Step:
+        """Step ``seq`` at ``theta``, on the compute thread (--worker-mode overlap): no MPI,
+        no time split (the thread that calls MPI keeps it)."""
+        t = time.perf_counter()
+        delta, loss = self.steps_fn(theta, seq)  # Δθ None: settle() makes it
+        on_device = self.steps_fn.delta if isinstance(self.steps_fn, _TorchSteps) else None
+        return Step(delta, on_device, loss, self.straggle(time.perf_counter() - t))
+
+    def payload(self, delta: np.ndarray, s: np.ndarray,
+                delta_on_device: object = None) -> tuple[np.ndarray, ...]:
         """The update's parts (GEM: Δθ, κ|m|, s after the fold); sharded, an update holding
-        NaN/Inf in one shard's part is poisoned in every shard's, so every kernel rejects it."""
-        on_device = isinstance(self.steps_fn, _TorchSteps)
-        parts = self.rule.payload(delta, s, self.steps_fn.delta if on_device else None,
-                                  self.steps_fn.host)
+        NaN/Inf in one shard's part is poisoned in every shard's, so every kernel rejects it.
+        ``delta_on_device``: the step's Δθ where m lives (default: the last step's)."""
+        if delta_on_device is None and isinstance(self.steps_fn, _TorchSteps):
+            delta_on_device = self.steps_fn.delta
+        parts = self.rule.payload(delta, s, delta_on_device, self.steps_fn.host)
         if self.poison_all is not None:
             self.poison_all(parts)
         self.split.charge("payload")
@@ -311,7 +407,8 @@ def _set_up(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
         steps_fn: _QuadraticSteps | _TorchSteps = _QuadraticSteps(cfg.optim, cfg.data, problem,
                                                                   rank)
     else:
-        steps_fn = _TorchSteps(cfg, problem, rank, plan.n_workers, placement, start_seq)
+        steps_fn = _TorchSteps(cfg, problem, rank, plan.n_workers, placement, start_seq,
+                               overlapped=cfg.optim.worker_mode == OVERLAP)
     ep = WorkerShards(comms or [comm], plan.layouts, plan.bounds,
                       poll_limit=cfg.runtime.poll_max_ms / 1000.0,
                       theta_into=steps_fn.pull_buffer)
@@ -380,12 +477,66 @@ def _pipelined_order(w: _Worker, start_seq: int, version: object) -> tuple[bool,
     return stopped, version
 
 
+def _overlap_order(w: _Worker, start_seq: int, version: object) -> tuple[bool, object]:
+    """--worker-mode overlap: a compute thread computes step k+1 at θ_{k+1} while this
+    thread, the one that started MPI (FUNNELED), waits for the slot, pulls θ_{k+2}, folds m
+    and commits step k, so that a step costs the longer of the two, not their sum. θ takes
+    turns among three buffers: the one being computed at, the one step k was computed at (s
+    of its update, intact until its commit) and the one pulled into. The pull comes after
+    the slot is free and before the commit, so it never meets the master's write of the
+    update just committed (a torn read, read again), and θ_{k+2} holds update k-1. m folds
+    Δθ only once the slot is free, right before the commit, as in pipelined: a stop leaves m
+    one fold ahead at most. The split is this thread's: compute is its wait for the compute
+    thread."""
+    ep, split, steps = w.ep, w.split, w.steps_fn.steps
+    if start_seq >= steps:
+        return False, version
+    pinned = w.steps_fn.pull_buffers
+    thetas = [ep.theta, *(pinned[k] if k < len(pinned) else np.empty_like(ep.theta)
+                          for k in (1, 2))]
+    versions = [version] * 3
+    with ThreadPoolExecutor(1, thread_name_prefix="gem-compute") as pool, \
+            w.steps_fn.comm_stream():
+        running: Future = pool.submit(w.step, start_seq, thetas[0])
+        try:
+            if start_seq + 1 < steps:
+                versions[1] = ep.pull(thetas[1])
+                split.charge("pull")
+            for seq in range(start_seq, steps):
+                turn = (seq - start_seq) % 3
+                done = running.result()
+                split.charge("compute")
+                if seq + 1 < steps:
+                    running = pool.submit(w.step, seq + 1, thetas[(turn + 1) % 3])
+                if not ep.wait_slot_free():
+                    return True, versions[turn]
+                split.charge("wait")
+                if seq + 2 < steps:
+                    versions[(turn + 2) % 3] = ep.pull(thetas[(turn + 2) % 3])
+                    split.charge("pull")
+                delta = w.steps_fn.settle(seq, done.delta)
+                parts = w.payload(delta, thetas[turn], done.on_device)
+                ep.commit(UPDATE, seq, versions[turn], done.loss, done.compute_s, parts)
+                split.charge("commit")
+                w.report(seq, done.loss)
+        finally:  # a stop or an error: the step in hand ends before the pool does
+            running.cancel()
+    stopped = not ep.wait_slot_free()  # the last update's turn
+    split.charge("wait")
+    return stopped, versions[turn]
+
+
+ORDERS = {PIPELINED: _pipelined_order, OVERLAP: _overlap_order}
+
+
 def _finish(w: _Worker, stopped: bool, version: object, run_id: str) -> int:
     """The DONE message with the time split (unless the master stopped the run), the
     master's stop word, and a stopped GEM worker's momentum saved for the resume."""
     ep = w.ep
     if not stopped:
-        times = w.split.final(w.steps_fn.load_s, w.steps_fn.gpu_s, ep.backoff_s)
+        overlapped = w.cfg.optim.worker_mode == OVERLAP  # load_s was the compute thread's
+        times = w.split.final(0.0 if overlapped else w.steps_fn.load_s, w.steps_fn.gpu_s,
+                              ep.backoff_s)
         ep.commit(DONE, w.steps_fn.steps, version, parts=(times,))
     code = ep.wait_shutdown()
     # only a stop by signal keeps m for a resume: a diverged run's m is no state to resume
@@ -414,7 +565,7 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
     try:
         version = w.ep.pull()
         w.split.charge("pull")
-        order = _pipelined_order if cfg.optim.worker_mode == PIPELINED else _wait_order
+        order = ORDERS.get(cfg.optim.worker_mode, _wait_order)
         stopped, version = order(w, start_seq, version)
     finally:  # however the loop ended: no loader process outlives it
         w.steps_fn.close()

@@ -17,8 +17,10 @@ from gem_mpi.transport.runtime import (
     THREAD_LEVELS,
     prefer_shared_memory_windows,
     start_mpi,
+    thread_check,
     window_check,
 )
 
 __all__ = ["MASTER", "MPI", "THREAD_LEVELS", "Backoff", "ProgressPoke",
-           "prefer_shared_memory_windows", "soft_barrier", "start_mpi", "window_check"]
+           "prefer_shared_memory_windows", "soft_barrier", "start_mpi", "thread_check",
+           "window_check"]

@@ -173,9 +173,9 @@ class WorkerEndpoint(_Endpoint):
         self._backoff = Backoff(limit=poll_limit)
         self._open(comm)
 
-    def pull(self) -> int:
-        """θ into ``self.theta``, never torn; returns its version."""
-        return self.theta_window.read()
+    def pull(self, into: np.ndarray | None = None) -> int:
+        """θ into ``self.theta`` (or ``into``), never torn; returns its version."""
+        return self.theta_window.read(into)
 
     def stop_code(self) -> int:
         """The master's stop word: RUNNING while the run goes on."""
@@ -270,9 +270,12 @@ class WorkerShards:
                     for c, lay, (lo, hi) in zip(comms, layouts, bounds)]
         self.lead = self.eps[0]
 
-    def pull(self) -> list[int]:
-        """θ of every shard into its slice of ``self.theta``, never torn; their versions."""
-        return [ep.pull() for ep in self.eps]
+    def pull(self, into: np.ndarray | None = None) -> list[int]:
+        """θ of every shard into its slice of ``self.theta`` (or of ``into``, a buffer like
+        it), never torn; their versions."""
+        if into is None:
+            return [ep.pull() for ep in self.eps]
+        return [ep.pull(into[lo:hi]) for ep, (lo, hi) in zip(self.eps, self.bounds)]
 
     def stop_code(self) -> int:
         return self.lead.stop_code()

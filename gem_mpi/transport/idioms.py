@@ -225,20 +225,24 @@ class VersionedArray(_Window):
                                           MPI.SUM), self._wait)
         self.win.Flush(MASTER)
 
-    def read(self) -> int:
-        """Copy θ into ``self.data``, never torn; returns its version.
+    def read(self, into: np.ndarray | None = None) -> int:
+        """Copy θ into ``self.data`` (or ``into``, another buffer like it: a worker that
+        computes on one θ while it pulls the next), never torn; returns its version.
 
         After a failed read it sleeps (5 µs, doubling to 100 µs) before the next: rank 0 is
         in the middle of a write, and a reader spinning on the header would take the core
         from it wherever ranks share cores (measured: hundreds of header reads per pull with
         4 workers and rank 0 on 2 cores)."""
         head, again, wanted = self._header, self._again, False
+        data = self.data if into is None else into
+        if data.nbytes != self.nbytes - HEADER_BYTES:
+            raise ValueError("a pull's buffer must be as long as θ")
         self._again_wait.reset()
         while True:
             self._get(head, 0, HEADER_BYTES)
             seq = int(head[self._SEQ // 8])
             if seq % 2 == 0:
-                self._get(self.data, HEADER_BYTES, self.nbytes - HEADER_BYTES)
+                self._get(data, HEADER_BYTES, self.nbytes - HEADER_BYTES)
                 self._get(again, 0, HEADER_BYTES)
                 if int(again[self._SEQ // 8]) == seq:
                     break

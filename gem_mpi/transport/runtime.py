@@ -74,6 +74,20 @@ def window_check(comm: MPI.Intracomm) -> str | None:
             f"needs shared memory or UCX); {see}")
 
 
+def thread_check(comm: MPI.Intracomm) -> str | None:
+    """Collective: None when every rank's MPI gave at least FUNNELED, else one line for rank
+    0 to print before exit 2. ``--worker-mode overlap`` computes on a second thread while the
+    thread that started MPI (the only one that calls it) commits and pulls: FUNNELED is
+    enough, and every stack the tests cover gives it."""
+    provided = comm.allgather(MPI.Query_thread())
+    if min(provided) >= MPI.THREAD_FUNNELED:
+        return None
+    vendor, version = MPI.get_vendor()
+    return (f"{vendor} {'.'.join(map(str, version))} gives MPI_THREAD_SINGLE only, and "
+            "--worker-mode overlap computes on a second thread beside the one that calls MPI "
+            "(it needs MPI_THREAD_FUNNELED): use --worker-mode pipelined")
+
+
 def node_count(comm: MPI.Intracomm) -> int:
     """Collective: how many nodes the job spans, as MPI's shared-memory split sees them."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
