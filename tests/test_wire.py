@@ -309,6 +309,22 @@ def test_worker_rule_sends_rounded_bits_from_two_buffers_in_turn(core, extension
     assert only.dtype == np.uint16
 
 
+def test_a_sharded_worker_poisons_every_shards_bf16_delta():
+    """--masters K: a non-finite value in one shard's slice of any part (a bf16 NaN or Inf
+    here) makes Δθ a bf16 NaN at the start of every shard's slice, so every kernel rejects it."""
+    from gem_mpi.engine.shards import Plan
+
+    plan = Plan(2, 1, [(0, 1), (1, 2)], [(0, 3), (3, 7)], [])
+    for bad in (0x7FC0, 0xFF80):
+        q, qa, s = np.zeros(7, np.uint16), np.zeros(7, np.uint16), np.zeros(7, f32)
+        qa[5] = bad
+        plan.poison_all((q, qa, s))
+        assert np.isnan(widen(q)[[0, 3]]).all() and np.isfinite(widen(q)[[1, 2, 4, 5, 6]]).all()
+    q = np.zeros(7, np.uint16)
+    plan.poison_all((q, np.ones(7, np.uint16), np.ones(7, f32)))  # all finite: untouched
+    assert not q.any()
+
+
 def _post(slot: np.ndarray, parts: tuple[np.ndarray, ...]) -> int:
     """Mailbox.post's packing into a slot's payload area (float32): each part's bytes from
     the next 4-byte boundary; returns the floats posted (what the header's length says)."""

@@ -160,7 +160,8 @@ class WorkerRule:
         ``resumed``: this worker's updates before a checkpoint were applied, so with the
         paper's shift the master holds its s already (the checkpoint carries it). With the
         global proxy the worker keeps no momentum: the master does. ``extension``:
-        gem_mpi.algorithm._core, to fold m in one pass when it lives in host memory."""
+        gem_mpi.algorithm._core, to fold m in one pass when it lives in host memory, and to
+        round to bf16 (--wire bf16) in one pass; None: numpy does both."""
         self.gem = optim.method == GEM
         local = self.gem and optim.gem_proxy != PROXY_GLOBAL
         self.momentum = Momentum.zeros_like(like, optim, extension) if local else None
