@@ -67,7 +67,36 @@ F32 as_vector(const char* fn, const char* name, const py::object& obj, bool outp
   return py::reinterpret_borrow<F32>(arr);
 }
 
-void check_size(const char* fn, const char* name, const F32& arr, py::ssize_t n) {
+using U16 = py::array_t<std::uint16_t, py::array::c_style>;
+
+// Whether obj is a uint16 numpy array: bf16 bits (--wire bf16), where float32 is the default.
+bool is_bits(const py::object& obj) {
+  return py::isinstance<py::array>(obj) && py::isinstance<py::array_t<std::uint16_t>>(obj);
+}
+
+// Returns obj as a 1-D C-contiguous uint16 array (bf16 bits), or raises ValueError.
+U16 as_bits(const char* fn, const char* name, const py::object& obj, bool output) {
+  const std::string where = std::string(fn) + ": " + name;
+  if (!is_bits(obj)) {
+    throw py::value_error(where + " must be a 1-D uint16 numpy array (bf16 bits), got " +
+                          (py::isinstance<py::array>(obj)
+                               ? std::string(py::str(py::reinterpret_borrow<py::array>(obj)
+                                                         .dtype()))
+                               : describe(obj)));
+  }
+  auto arr = py::reinterpret_borrow<py::array>(obj);
+  if (arr.ndim() != 1 || !(arr.flags() & py::array::c_style) ||
+      !(arr.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_)) {
+    throw py::value_error(where + " must be 1-D, contiguous and aligned");
+  }
+  if (output && !arr.writeable()) {
+    throw py::value_error(where + " is an output but the array is read-only");
+  }
+  return py::reinterpret_borrow<U16>(arr);
+}
+
+template <class A>
+void check_size(const char* fn, const char* name, const A& arr, py::ssize_t n) {
   if (arr.size() != n) {
     throw py::value_error(std::string(fn) + ": " + name + " has " + std::to_string(arr.size()) +
                           " elements but theta has " + std::to_string(n));
@@ -99,22 +128,34 @@ bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::ob
               float gain, float kappa) {
   const char* fn = "gem_step";
   F32 theta = as_vector(fn, "theta", theta_o, true);
-  F32 delta = as_vector(fn, "delta", delta_o, false);
+  // the wire: delta (and a) float32, or uint16 bf16 bits (--wire bf16), widened exactly
+  const bool bits = is_bits(delta_o);
+  F32 delta, a;
+  U16 delta16, a16;
   F32 s = as_vector(fn, "s", s_o, false);
   const py::ssize_t n = theta.size();
-  check_size(fn, "delta", delta, n);
+  if (bits) {
+    delta16 = as_bits(fn, "delta", delta_o, false);
+    check_size(fn, "delta", delta16, n);
+  } else {
+    delta = as_vector(fn, "delta", delta_o, false);
+    check_size(fn, "delta", delta, n);
+  }
   check_size(fn, "s", s, n);
   // the global proxy: the master's m instead of the worker's a (exactly one of them)
   const bool global = !m_o.is_none();
   if (global == !a_o.is_none()) {
     throw py::value_error("gem_step: give either a (local proxy) or m (global proxy)");
   }
-  F32 a, m;
+  F32 m;
   gem_mpi::GlobalProxy proxy{nullptr, mu, gain, kappa};
   if (global) {
     m = as_vector(fn, "m", m_o, true);
     check_size(fn, "m", m, n);
     proxy.m = m.mutable_data();
+  } else if (bits) {
+    a16 = as_bits(fn, "a (as delta)", a_o, false);
+    check_size(fn, "a", a16, n);
   } else {
     a = as_vector(fn, "a", a_o, false);
     check_size(fn, "a", a, n);
@@ -156,6 +197,12 @@ bool gem_step(const py::object& theta_o, const py::object& delta_o, const py::ob
   double* sums_p = sums.mutable_data();
   std::int64_t* counts_p = counts.mutable_data();
   py::gil_scoped_release nogil;
+  if (bits) {
+    return gem_mpi::gem_step(theta_p, delta16.data(), global ? nullptr : a16.data(), s.data(),
+                             keep_p, static_cast<std::size_t>(n), off,
+                             static_cast<std::size_t>(t), eps, pi_max, hist_p, sums_p,
+                             counts_p, threads, global ? &proxy : nullptr);
+  }
   return gem_mpi::gem_step(theta_p, delta.data(), global ? nullptr : a.data(), s.data(),
                            keep_p, static_cast<std::size_t>(n), off,
                            static_cast<std::size_t>(t), eps, pi_max, hist_p, sums_p, counts_p,
@@ -189,14 +236,37 @@ bool fixed_step(const py::object& theta_o, const py::object& delta_o, float scal
                 int threads) {
   const char* fn = "fixed_step";
   F32 theta = as_vector(fn, "theta", theta_o, true);
-  F32 delta = as_vector(fn, "delta", delta_o, false);
   const py::ssize_t n = theta.size();
-  check_size(fn, "delta", delta, n);
   if (threads < 1) throw py::value_error("fixed_step: threads must be >= 1");
   float* theta_p = theta.mutable_data();
+  if (is_bits(delta_o)) {  // --wire bf16
+    U16 delta = as_bits(fn, "delta", delta_o, false);
+    check_size(fn, "delta", delta, n);
+    py::gil_scoped_release nogil;
+    return gem_mpi::fixed_step(theta_p, delta.data(), static_cast<std::size_t>(n), scale,
+                               threads);
+  }
+  F32 delta = as_vector(fn, "delta", delta_o, false);
+  check_size(fn, "delta", delta, n);
   py::gil_scoped_release nogil;
   return gem_mpi::fixed_step(theta_p, delta.data(), static_cast<std::size_t>(n), scale,
                              threads);
+}
+
+// The bf16 rounding modes, as _core.BF16_NEAREST_EVEN / BF16_TOWARD_ZERO.
+void to_bf16(const py::object& src_o, const py::object& dst_o, int mode) {
+  const char* fn = "to_bf16";
+  F32 src = as_vector(fn, "src", src_o, false);
+  U16 dst = as_bits(fn, "dst", dst_o, true);
+  check_size(fn, "dst", dst, src.size());
+  if (mode != static_cast<int>(gem_mpi::Bf16Round::kNearestEven) &&
+      mode != static_cast<int>(gem_mpi::Bf16Round::kTowardZero)) {
+    throw py::value_error("to_bf16: mode must be BF16_NEAREST_EVEN or BF16_TOWARD_ZERO");
+  }
+  std::uint16_t* dp = dst.mutable_data();
+  py::gil_scoped_release nogil;
+  gem_mpi::to_bf16(src.data(), dp, static_cast<std::size_t>(src.size()),
+                   static_cast<gem_mpi::Bf16Round>(mode));
 }
 
 void worker_fold(const py::object& m_in_o, const py::object& delta_o, const py::object& m_out_o,
@@ -271,6 +341,8 @@ PYBIND11_MODULE(_core, m) {
   m.attr("HIST_BINS") = gem_mpi::kHistBins;
   m.attr("HIST_SAMPLE") = static_cast<int>(gem_mpi::kHistSample);
   m.attr("COUNTS") = gem_mpi::kCounts;
+  m.attr("BF16_NEAREST_EVEN") = static_cast<int>(gem_mpi::Bf16Round::kNearestEven);
+  m.attr("BF16_TOWARD_ZERO") = static_cast<int>(gem_mpi::Bf16Round::kTowardZero);
 
   m.def("gem_step", &gem_step, py::arg("theta"), py::arg("delta"), py::arg("a"), py::arg("s"),
         py::arg("offsets"), py::arg("eps"), py::arg("pi_max"), py::arg("hist"),
@@ -279,7 +351,8 @@ PYBIND11_MODULE(_core, m) {
         py::arg("gain") = 1.0f, py::arg("kappa") = 1.0f,
         R"doc(gem_step(theta, delta, a, s, offsets, eps, pi_max, hist, sums, counts, threads=1, keep=None, m=None, mu=0, gain=1, kappa=1) -> bool
 
-One fused GEM step in place on theta (1-D float32; delta, a, s of the same size), with
+One fused GEM step in place on theta (1-D float32; delta, a, s of the same size; delta and a
+float32, or both uint16 bf16 bits (--wire bf16), widened exactly), with
 per-tensor statistics accumulated into hist (int64, (T, HIST_BINS + 2); a tensor of n
 elements contributes every sample_stride(n)-th one), sums (float64, (T, 2): sum of
 (theta_new - s)^2 and of a^2) and counts (int64, (T, COUNTS): elements with pi <= 0, with
@@ -303,9 +376,15 @@ leaves m untouched too. The GIL is released.)doc");
         py::arg("threads") = 1,
         R"doc(fixed_step(theta, delta, scale, threads=1) -> bool
 
-theta += float32(scale) * delta in place (DOWNPOUR, adaptive staleness), bit-identical to
+theta += float32(scale) * delta in place (DOWNPOUR, adaptive staleness; delta float32 or
+uint16 bf16 bits, widened exactly), bit-identical to
 numpy; returns False, writing nothing, when delta holds a NaN or Inf.)doc");
 
+  m.def("to_bf16", &to_bf16, py::arg("src"), py::arg("dst"), py::arg("mode"),
+        "to_bf16(src, dst, mode): dst (uint16, same size) = the bf16 bits of src (float32), "
+        "rounded to nearest even (BF16_NEAREST_EVEN) or toward zero (BF16_TOWARD_ZERO); a "
+        "NaN stays a NaN (--wire bf16, a worker's conversion; one thread, the GIL released; "
+        "bit-identical to gem_mpi.algorithm.kernel.to_bf16_numpy)");
   m.def("worker_fold", &worker_fold, py::arg("m_in"), py::arg("delta"), py::arg("m_out"),
         py::arg("a"), py::arg("mu"), py::arg("kappa"),
         "worker_fold(m_in, delta, m_out, a, mu, kappa): a GEM worker's fold in one pass, "

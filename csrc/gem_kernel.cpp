@@ -57,6 +57,17 @@ inline float clip_like_numpy(float x, float lo, float hi) noexcept {
   return (y > hi) ? hi : y;
 }
 
+// A wire element as float32 (the kernels are templates on it: --wire float32 or bf16). A
+// float32 is itself; a uint16 holds bf16 bits, the top half of a float32, so the widening is
+// exact (low half zero) and everything after it is the float32 kernel's arithmetic.
+inline float wide(float x) noexcept { return x; }
+inline float wide(std::uint16_t h) noexcept {
+  const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 // How the work of [0, n) is dealt out over threads.
 enum class Dispatch { kPool, kSpawn };
 
@@ -100,11 +111,15 @@ bool finite_range(const float* x, std::size_t b, std::size_t e) noexcept {
 
 // x * 0 is 0 for every finite x and NaN for NaN and ±Inf, so one sum over all arrays is 0
 // exactly when they are all finite: one vectorised pass that reads each array once.
-GEM_MPI_CLONES bool finite3_range(const float* x, const float* y, const float* z,
-                                  std::size_t b, std::size_t e) noexcept {
+// (x and y: the wire's Δθ and a; z: s, float32 on every wire.)
+template <class X, class Z>
+GEM_MPI_CLONES bool finite3_range(const X* x, const X* y, const Z* z, std::size_t b,
+                                  std::size_t e) noexcept {
   float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-  for (std::size_t i = b; i < e; ++i) acc += (x[i] * 0.0f + y[i] * 0.0f) + z[i] * 0.0f;
+  for (std::size_t i = b; i < e; ++i) {
+    acc += (wide(x[i]) * 0.0f + wide(y[i]) * 0.0f) + wide(z[i]) * 0.0f;
+  }
   return acc == 0.0f;
 }
 
@@ -118,14 +133,16 @@ inline float fold(float m, float d, float mu, float gain) noexcept {
 
 // As finite3_range, for the global proxy: Δθ, s, and the a = κ|m_new| this update would make
 // (the fold is computed here and again in the step; nothing is written).
-GEM_MPI_CLONES bool finite_global_range(const float* d, const float* s, const float* m,
+template <class W>
+GEM_MPI_CLONES bool finite_global_range(const W* d, const float* s, const float* m,
                                         float mu, float gain, float kappa, std::size_t b,
                                         std::size_t e) noexcept {
   float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
   for (std::size_t i = b; i < e; ++i) {
-    const float av = std::fabs(fold(m[i], d[i], mu, gain)) * kappa;
-    acc += (d[i] * 0.0f + s[i] * 0.0f) + av * 0.0f;
+    const float dv = wide(d[i]);
+    const float av = std::fabs(fold(m[i], dv, mu, gain)) * kappa;
+    acc += (dv * 0.0f + s[i] * 0.0f) + av * 0.0f;
   }
   return acc == 0.0f;
 }
@@ -141,8 +158,8 @@ bool all_ranges_mt(std::size_t n, int threads, Check&& check) {
   return std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; });
 }
 
-bool all_finite_mt(const float* x, const float* y, const float* z, std::size_t n,
-                   int threads) {
+template <class X, class Z>
+bool all_finite_mt(const X* x, const X* y, const Z* z, std::size_t n, int threads) {
   return all_ranges_mt(n, threads, [&](std::size_t b, std::size_t e) {
     return finite3_range(x, y, z, b, e);
   });
@@ -153,9 +170,10 @@ bool all_finite_mt(const float* x, const float* y, const float* z, std::size_t n
 // reductions (lane order fixed for a given build; theta is element-wise and unaffected).
 // The histogram takes the elements lo, lo + stride, lo + 2 stride, ... of the tensor, in a
 // second loop over four sub-histograms so that repeated bins do not serialise. Global: a is
-// not read, the proxy's m is folded and a made from it (GlobalProxy, gem_kernel.hpp).
-template <bool Keep, bool Global>
-GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const float* a,
+// not read, the proxy's m is folded and a made from it (GlobalProxy, gem_kernel.hpp). W: the
+// wire's element (float, or uint16 bf16 bits widened exactly as they are read).
+template <class W, bool Keep, bool Global>
+GEM_MPI_CLONES void gem_block_range(float* theta, const W* delta, const W* a,
                                     const float* s, float* keep, GlobalProxy px,
                                     std::size_t b, std::size_t e, std::size_t lo,
                                     std::size_t stride, float eps, float pi_max,
@@ -169,8 +187,8 @@ GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const floa
   for (std::size_t base = b; base < e; base += kBlock) {
     const std::size_t m = std::min(kBlock, e - base);
     float* th = theta + base;
-    const float* d = delta + base;
-    const float* aa = Global ? nullptr : a + base;
+    const W* d = delta + base;
+    const W* aa = Global ? nullptr : a + base;
     const float* ss = s + base;
     float* kp = Keep ? keep + base : nullptr;
     float* mm = Global ? px.m + base : nullptr;
@@ -180,18 +198,19 @@ GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const floa
     for (std::size_t k = 0; k < m; ++k) {  // the numpy reference's operations, in its order
       const float t = th[k];
       const float sv = ss[k];  // read once: keep may be s itself
+      const float dv = wide(d[k]);
       float av;
       if constexpr (Global) {
-        const float mv = fold(mm[k], d[k], px.mu, px.gain);
+        const float mv = fold(mm[k], dv, px.mu, px.gain);
         mm[k] = mv;
         av = std::fabs(mv) * px.kappa;
       } else {
-        av = aa[k];
+        av = wide(aa[k]);
       }
       const float shift = std::fabs(t - sv);
-      const float denom = std::fabs(d[k]) + eps;
+      const float denom = std::fabs(dv) + eps;
       const float pi = clip_like_numpy((av - shift) / denom, 0.0f, pi_max);
-      const float nt = t + pi * d[k];
+      const float nt = t + pi * dv;
       th[k] = nt;
       if constexpr (Keep) kp[k] = t;  // θ before this update: the worker's next s
       const float diff = nt - sv;
@@ -199,7 +218,7 @@ GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const floa
       sa_block += av * av;
       low_block += (pi > 0.0f) ? 0 : 1;
       high_block += (pi >= pi_max) ? 1 : 0;
-      zero_block += (d[k] == 0.0f) ? 1 : 0;
+      zero_block += (dv == 0.0f) ? 1 : 0;
       pib[k] = pi;
     }
     se += static_cast<double>(se_block);
@@ -236,13 +255,12 @@ GEM_MPI_CLONES void gem_block_range(float* theta, const float* delta, const floa
   counts_row[2] += n_zero;
 }
 
-}  // namespace
-
-
-bool gem_step(float* theta, const float* delta, const float* a, const float* s, float* keep,
-              std::size_t n, const std::int64_t* offsets, std::size_t n_tensors, float eps,
-              float pi_max, std::int64_t* hist, double* sums, std::int64_t* counts,
-              int threads, const GlobalProxy* proxy) {
+// gem_step for the wire's element W (the public overloads below).
+template <class W>
+bool gem_step_t(float* theta, const W* delta, const W* a, const float* s, float* keep,
+                std::size_t n, const std::int64_t* offsets, std::size_t n_tensors, float eps,
+                float pi_max, std::int64_t* hist, double* sums, std::int64_t* counts,
+                int threads, const GlobalProxy* proxy) {
   const GlobalProxy px = proxy != nullptr ? *proxy : GlobalProxy{nullptr, 0.0f, 0.0f, 0.0f};
   const bool finite =
       proxy != nullptr
@@ -272,7 +290,7 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
         const auto lo = static_cast<std::size_t>(offsets[row]);
         const std::size_t size = static_cast<std::size_t>(offsets[row + 1]) - lo;
         auto run = [&](auto keep_c, auto global_c) {
-          gem_block_range<decltype(keep_c)::value, decltype(global_c)::value>(
+          gem_block_range<W, decltype(keep_c)::value, decltype(global_c)::value>(
               theta, delta, a, s, keep, px, i, seg_end, lo, sample_stride(size), eps, pi_max,
               inv_width, h + row * kHistRow, sm + row * 2, cn + row * kCounts);
         };
@@ -297,6 +315,52 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
     for (std::size_t k = 0; k < n_tensors * kCounts; ++k) counts[k] += cn[k];
   }
   return true;
+}
+
+template <class W>
+bool fixed_step_t(float* theta, const W* delta, std::size_t n, float scale, int threads) {
+  if (!all_finite_mt(delta, delta, delta, n, threads)) return false;
+  parallel_ranges(n, threads, [&](std::size_t b, std::size_t e, int) {
+    for (std::size_t i = b; i < e; ++i) {
+      const float step = scale * wide(delta[i]);
+      theta[i] = theta[i] + step;
+    }
+  });
+  return true;
+}
+
+// float32 -> bf16 bits. Nearest even: add 0x7FFF plus the kept half's lowest bit, keep the
+// top half (a finite value may round up to Inf, as it must). Toward zero: keep the top half.
+// A NaN is handled apart in both (the addition could carry it into Inf or wrap a -NaN to +0):
+// its top half with the quiet bit set, so it stays a NaN of its sign.
+template <bool NearestEven>
+GEM_MPI_CLONES void to_bf16_range(const float* src, std::uint16_t* dst, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, src + i, sizeof u);
+    const std::uint32_t top = u >> 16;
+    const std::uint32_t r = NearestEven ? (u + (0x7FFFu + (top & 1u))) >> 16 : top;
+    const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+    dst[i] = static_cast<std::uint16_t>(nan ? (top | 0x0040u) : r);
+  }
+}
+
+}  // namespace
+
+bool gem_step(float* theta, const float* delta, const float* a, const float* s, float* keep,
+              std::size_t n, const std::int64_t* offsets, std::size_t n_tensors, float eps,
+              float pi_max, std::int64_t* hist, double* sums, std::int64_t* counts,
+              int threads, const GlobalProxy* proxy) {
+  return gem_step_t(theta, delta, a, s, keep, n, offsets, n_tensors, eps, pi_max, hist, sums,
+                    counts, threads, proxy);
+}
+
+bool gem_step(float* theta, const std::uint16_t* delta, const std::uint16_t* a,
+              const float* s, float* keep, std::size_t n, const std::int64_t* offsets,
+              std::size_t n_tensors, float eps, float pi_max, std::int64_t* hist,
+              double* sums, std::int64_t* counts, int threads, const GlobalProxy* proxy) {
+  return gem_step_t(theta, delta, a, s, keep, n, offsets, n_tensors, eps, pi_max, hist, sums,
+                    counts, threads, proxy);
 }
 
 void gem_summary(const std::int64_t* hist, const double* sums, const std::int64_t* counts,
@@ -359,14 +423,20 @@ void gem_summary(const std::int64_t* hist, const double* sums, const std::int64_
 }
 
 bool fixed_step(float* theta, const float* delta, std::size_t n, float scale, int threads) {
-  if (!all_finite_mt(delta, delta, delta, n, threads)) return false;
-  parallel_ranges(n, threads, [&](std::size_t b, std::size_t e, int) {
-    for (std::size_t i = b; i < e; ++i) {
-      const float step = scale * delta[i];
-      theta[i] = theta[i] + step;
-    }
-  });
-  return true;
+  return fixed_step_t(theta, delta, n, scale, threads);
+}
+
+bool fixed_step(float* theta, const std::uint16_t* delta, std::size_t n, float scale,
+                int threads) {
+  return fixed_step_t(theta, delta, n, scale, threads);
+}
+
+void to_bf16(const float* src, std::uint16_t* dst, std::size_t n, Bf16Round mode) {
+  if (mode == Bf16Round::kNearestEven) {
+    to_bf16_range<true>(src, dst, n);
+  } else {
+    to_bf16_range<false>(src, dst, n);
+  }
 }
 
 GEM_MPI_CLONES void worker_fold(const float* m_in, const float* delta, float* m_out, float* a,

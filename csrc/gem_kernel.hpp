@@ -64,6 +64,16 @@ bool gem_step(float* theta, const float* delta, const float* a, const float* s, 
               float pi_max, std::int64_t* hist, double* sums, std::int64_t* counts,
               int threads, const GlobalProxy* proxy = nullptr);
 
+// The same step with --wire bf16: delta and a are bf16 bits (uint16), widened exactly to
+// float32 as they are read; every operation after is the float32 step's, in its order, so
+// theta is what the float32 step gives on the widened arrays (and the statistics: a^2, the
+// delta == 0 count, from the widened values).
+bool gem_step(float* theta, const std::uint16_t* delta, const std::uint16_t* a,
+              const float* s, float* keep, std::size_t n, const std::int64_t* offsets,
+              std::size_t n_tensors, float eps, float pi_max, std::int64_t* hist,
+              double* sums, std::int64_t* counts, int threads,
+              const GlobalProxy* proxy = nullptr);
+
 // What the metrics record of one GEM step, read off its hist, sums and counts (T tensors of
 // sizes[t] elements), in the numpy reference's double operations and order
 // (gem_mpi/algorithm/kernel.py: hist_median, pooled_median, Kernel.gem_step), so the values
@@ -79,6 +89,17 @@ void gem_summary(const std::int64_t* hist, const double* sums, const std::int64_
 // theta[i] += scale * delta[i] (DOWNPOUR: scale 1; adaptive staleness: 1 / (tau + 1)),
 // unless delta holds a non-finite value: then nothing is written and false is returned.
 bool fixed_step(float* theta, const float* delta, std::size_t n, float scale, int threads);
+// The same with --wire bf16: delta is bf16 bits, widened exactly.
+bool fixed_step(float* theta, const std::uint16_t* delta, std::size_t n, float scale,
+                int threads);
+
+// A worker's --wire bf16 conversion, on one thread (a worker's core is its own):
+// dst[i] = the bf16 bits of src[i], rounded to nearest even (Δθ) or toward zero (κ|m|: never
+// above it, so the energy budget never exceeds the proxy's). A NaN stays a NaN (its sign
+// kept, the quiet bit set); a finite value may round to ±Inf (nearest even) and is then
+// rejected by the master like any non-finite update.
+enum class Bf16Round : int { kNearestEven = 0, kTowardZero = 1 };
+void to_bf16(const float* src, std::uint16_t* dst, std::size_t n, Bf16Round mode);
 
 // A GEM worker's proxy momentum, folded in one pass (its --gem-proxy local payload):
 //   m_out[i] = mu * m_in[i] ;  m_out[i] = m_out[i] + delta[i] ;  a[i] = |m_out[i]| * kappa

@@ -47,6 +47,9 @@ LR_SCHEDULES = (CONSTANT, STEP, COSINE)
 # mixed precision of the workers' forward pass (θ, Δθ, m and the master stay float32)
 AMP_OFF, AMP_BF16 = "off", "bf16"
 AMP_MODES = (AMP_OFF, AMP_BF16)
+# how Δθ and κ|m| travel from a worker to the master (s and θ always float32)
+WIRE_F32, WIRE_BF16 = "float32", "bf16"
+WIRES = (WIRE_F32, WIRE_BF16)
 
 
 def is_plugin(name: str) -> bool:
@@ -122,6 +125,12 @@ class OptimConfig:
                          "no m and do not send κ|m| (with one worker it is 'local' exactly); "
                          "--method gem only, with either --gem-shift and --worker-mode",
                          check=(lambda v: v in GEM_PROXIES, f"one of {', '.join(GEM_PROXIES)}"))
+    wire: str = opt(WIRE_F32, "how a worker sends Δθ and GEM's κ|m|: 'float32', or 'bf16' "
+                    "(half the bytes: Δθ rounded to nearest even, κ|m| rounded toward zero "
+                    "so it never exceeds the proxy; the master computes π from the values "
+                    "sent and applies θ ← θ + π·bf16(Δθ) in float32, so GEM's energy rule "
+                    "stays exact; s, θ and the worker's m stay float32); asynchronous "
+                    "methods only", check=(lambda v: v in WIRES, f"one of {', '.join(WIRES)}"))
     worker_mode: str = opt(WAIT, "'wait': after each commit a worker waits until the master "
                            "has applied it, then pulls θ and computes the next update there; "
                            "'pipelined': it computes the next update at once, at the θ it "

@@ -9,7 +9,7 @@ above the transport because an update's payload depends on the method (the trans
 nothing of GEM), and it imports no MPI, so the metrics writer and the offline readers can use
 it.
 
-An update's payload is float32, each part ``n_params`` long, in this order:
+An update's payload is a run of float32 slots, its parts one after the other in this order:
 
     GEM       Δθ, κ|m|, s     s: the θ Δθ was computed on (see gem_mpi.algorithm.rule)
     GEM, global proxy   Δθ, s       the master keeps m and makes κ|m| itself
@@ -20,6 +20,16 @@ update the kernel writes θ just before it into the slot's s part (the Mailbox's
 range, which outlives the slot's release), so a worker sends s with its first update only and
 (Δθ, κ|m|) afterwards (Δθ alone with the global proxy); s is the last part so that a shorter
 post leaves it in place.
+
+Each part has a width. With ``--wire float32`` (the default) every part is ``n_params``
+float32. With ``--wire bf16`` Δθ and κ|m| travel as bfloat16 (Δθ rounded to nearest even, κ|m|
+toward zero: gem_mpi.algorithm.rule): such a part is ``n_params`` uint16 holding bf16 bits,
+packed into ``ceil(n_params / 2)`` float32 slots (one pad uint16 when ``n_params`` is odd,
+never read); s stays float32 (rounding s would be charged as staleness energy). The master's
+:meth:`UpdatePayload.split` gives a bf16 part as a uint16 view of exactly ``n_params``
+elements, which the kernel widens exactly to float32. A worker's parts stay element-indexed
+arrays (uint16 or float32) until the transport packs them (Mailbox.post: each part at a
+4-byte boundary), so a sharded worker slices them by θ's element range.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from gem_mpi.config import GEM, PROXY_GLOBAL, SHIFT_PAPER, OptimConfig
+from gem_mpi.config import GEM, PROXY_GLOBAL, SHIFT_PAPER, WIRE_BF16, WIRE_F32, OptimConfig
 
 # message kinds (a mailbox header's ``kind``)
 UPDATE = 1  # carries an update's payload
@@ -59,51 +69,95 @@ WORKER_TIME_SPLIT = WORKER_TIME_COLUMNS[1:-1]  # the columns that add up to (at 
 DELTA, AMPLITUDE, SHIFT_BASE = "delta", "a", "s"
 
 
+# the parts a bf16 wire narrows (s never: its rounding would be charged as staleness)
+NARROWED = (DELTA, AMPLITUDE)
+
+
 @dataclass(frozen=True)
 class UpdatePayload:
-    """The parts of one method's update, each ``n_params`` float32, and the part rank 0
-    keeps in the slot between a worker's updates (None: it keeps none)."""
+    """The parts of one method's update on one wire, and the part rank 0 keeps in the slot
+    between a worker's updates (None: it keeps none). A part is ``n_params`` elements: float32,
+    or on the bf16 wire for Δθ and κ|m| uint16 (bf16 bits) packed two to a float32 slot."""
 
     n_params: int
     parts: tuple[str, ...]
     kept: str | None = None
+    wire: str = WIRE_F32
+
+    def narrow(self, name: str) -> bool:
+        """Whether part ``name`` travels as bf16 (uint16 bits)."""
+        return self.wire == WIRE_BF16 and name in NARROWED
+
+    def width(self, name: str) -> int:
+        """Float32 slots part ``name`` takes: n_params, or ceil(n_params / 2) as bf16."""
+        return (self.n_params + 1) // 2 if self.narrow(name) else self.n_params
 
     @property
     def floats(self) -> int:
         """Floats of a full update: the slot's update area."""
-        return len(self.parts) * self.n_params
+        return sum(self.width(p) for p in self.parts)
 
     @property
     def lengths(self) -> tuple[int, ...]:
         """The lengths an update may arrive with: without the kept part, or full."""
         if self.kept is None:
             return (self.floats,)
-        return (self.floats - self.n_params, self.floats)
+        return (self.floats - self.width(self.kept), self.floats)
 
     def span(self, name: str) -> tuple[int, int]:
         """The float range [lo, hi) of part ``name`` in the payload."""
-        lo = self.parts.index(name) * self.n_params
-        return lo, lo + self.n_params
+        k = self.parts.index(name)
+        lo = sum(self.width(p) for p in self.parts[:k])
+        return lo, lo + self.width(name)
 
     @property
     def kept_span(self) -> tuple[int, int] | None:
         return None if self.kept is None else self.span(self.kept)
 
     def split(self, payload: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Views of the parts of one slot's payload, in order."""
-        n = self.n_params
-        return tuple(payload[i * n:(i + 1) * n] for i in range(len(self.parts)))
+        """Views of the parts of one slot's payload (float32), in order: a bf16 part as a
+        uint16 view of exactly n_params elements."""
+        out = []
+        for name in self.parts:
+            lo, hi = self.span(name)
+            part = payload[lo:hi]
+            out.append(part.view(np.uint16)[:self.n_params] if self.narrow(name) else part)
+        return tuple(out)
+
+    @property
+    def bytes_committed(self) -> int:
+        """Bytes of payload a worker commits per update in the steady state (the 64-byte
+        header aside): every part but the kept one, as the wire packs them."""
+        kept = 0 if self.kept is None else self.width(self.kept)
+        return 4 * (self.floats - kept)
+
+    @property
+    def bytes_pulled(self) -> int:
+        """Bytes a worker pulls per update: θ, float32 whatever the wire."""
+        return 4 * self.n_params
+
+    @property
+    def wire_bytes(self) -> tuple[int, int]:
+        """(bytes committed, bytes pulled) per update: what the metrics file records."""
+        return self.bytes_committed, self.bytes_pulled
+
+    def wire_note(self) -> str:
+        """What the start-up line says of the wire: bytes per parameter each way."""
+        n = max(self.n_params, 1)
+        return (f"wire {self.wire}: {self.bytes_committed / n:.3g} B/param committed, "
+                f"{self.bytes_pulled / n:.3g} B/param pulled")
 
 
 def update_payload(optim: OptimConfig, n_params: int) -> UpdatePayload:
     """(Δθ, κ|m|, s) for GEM, (Δθ, s) with the global proxy (the master makes κ|m|), s kept
-    by the master under the paper's shift; Δθ otherwise."""
+    by the master under the paper's shift; Δθ otherwise. The wire is ``optim.wire``."""
+    wire = optim.wire
     if optim.method == GEM:
         kept = SHIFT_BASE if optim.gem_shift == SHIFT_PAPER else None
         if optim.gem_proxy == PROXY_GLOBAL:
-            return UpdatePayload(n_params, (DELTA, SHIFT_BASE), kept)
-        return UpdatePayload(n_params, (DELTA, AMPLITUDE, SHIFT_BASE), kept)
-    return UpdatePayload(n_params, (DELTA,))
+            return UpdatePayload(n_params, (DELTA, SHIFT_BASE), kept, wire)
+        return UpdatePayload(n_params, (DELTA, AMPLITUDE, SHIFT_BASE), kept, wire)
+    return UpdatePayload(n_params, (DELTA,), None, wire)
 
 
 @dataclass(frozen=True)
@@ -281,6 +335,7 @@ __all__ = [
     "FINISHED",
     "KINDS",
     "LEAD_SAYS",
+    "NARROWED",
     "OUTPUT_FAILED",
     "REPLIES",
     "RUNNING",

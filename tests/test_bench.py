@@ -208,13 +208,13 @@ def test_bench_gpu_dry_run_checks_learning_theta_and_the_masters_kernel(tmp_path
 
 @pytest.mark.mpi
 def test_bench_overlap_prints_a_row_per_order_against_the_compute_ceiling(tmp_path):
-    """A tiny overlap bench (1 worker, both orders, real mpirun jobs): the JSON's shape, the
+    """A tiny overlap bench (1 worker, both orders, both wires, real mpirun jobs): the JSON's shape, the
     bytes from the payload layout, each ratio a share of the compute-only ceiling."""
     out = tmp_path / "v.json"
     n = 5000
     res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "overlap", "--params", str(n),
                           "--step-ms", "10", "--workers", "1", "--orders", "wait", "pipelined",
-                          "--steps", "8", "--mpirun", "mpirun --oversubscribe",
+                          "--wires", "float32", "bf16", "--steps", "8", "--mpirun", "mpirun --oversubscribe",
                           "--json", str(out)], capture_output=True, text=True, timeout=300,
                          check=False, env=mpi_env(), cwd=REPO)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -224,12 +224,15 @@ def test_bench_overlap_prints_a_row_per_order_against_the_compute_ceiling(tmp_pa
     assert cap["workers"] == 1 and cap["updates_per_s"] > 0 and cap["threads"] >= 1
     rows = result["rows"]
     assert [(r["workers"], r["order"], r["wire"]) for r in rows] == [
-        (1, "wait", "float32"), (1, "pipelined", "float32")]
+        (1, "wait", "float32"), (1, "pipelined", "float32"), (1, "wait", "bf16"),
+        (1, "pipelined", "bf16")]
     for r in rows:
         assert 0 < r["ratio"] <= 1.05
         assert r["ratio"] == pytest.approx(r["steps_per_s"] / 100.0)
         assert r["updates"] == 8 and r["steps_per_s_each"] == [r["steps_per_s"]]
-        assert r["bytes_per_update"] == r["bytes_committed"] == 12 * n  # Δθ, κ|m|, s
+        # Δθ, κ|m|, s: 4 bytes each, or 2 + 2 + 4 on the bf16 wire
+        per_param = 12 if r["wire"] == "float32" else 8
+        assert r["bytes_per_update"] == r["bytes_committed"] == per_param * n
         assert r["bytes_pulled"] == 4 * n
         assert set(r["worker_split"]) >= {"compute", "commit", "pull", "wait", "other"}
         assert r["worker_split"]["compute"] > 0 and r["compute_ms"] > 0

@@ -27,6 +27,8 @@ A_FILE = str(Path(__file__).resolve())  # exists and is a file; nothing writes t
 WORLD = 3  # the ranks of the jobs these cases ran as: 1 master, 2 workers
 
 BAD_OPTIONS = [
+    (["--wire", "f16"], "--wire must be one of float32, bf16"),
+    (["--method", "sync", "--wire", "bf16"], "--wire bf16 is for the asynchronous methods"),
     (["--lr", "0"], "--lr must be > 0"),
     (["--lr", "nan"], "--lr must be > 0"),
     (["--momentum", "1"], "--momentum must be in [0, 1)"),

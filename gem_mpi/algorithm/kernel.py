@@ -22,6 +22,12 @@ unscaled Δθ into it and takes ``a`` from it, with the float32 operations a GEM
 
 A rejected update touches neither θ nor m (its ``a`` counts in the finiteness check).
 
+With ``--wire bf16`` Δθ and ``a`` arrive as bf16 bits (uint16 arrays; the worker rounds them
+with :func:`to_bf16`: Δθ to nearest even, ``a`` toward zero). Every step widens them exactly
+to float32 and runs the float32 arithmetic above on the widened values, so π comes from what
+was sent, θ ← θ + π·q, and the statistics (a², the Δθ = 0 count) are those of the widened
+values; s, θ and the global proxy's m stay float32.
+
 Statistics per tensor: exact counts of the clamped elements (π ≤ 0, π ≥ π_max) and of the
 elements with Δθ = 0 (they do not move whatever π is, and their π, (a − |θ − s|)/ε, is
 always clamped: counted apart so that the clamp shares can be read without them); the sums
@@ -46,6 +52,44 @@ from gem_mpi.errors import UsageError
 HIST_BINS = 512  # must equal _core.HIST_BINS (checked when the extension loads)
 HIST_SAMPLE = 8192  # must equal _core.HIST_SAMPLE
 COUNTS = 3  # per tensor: π ≤ 0, π ≥ π_max, Δθ = 0; must equal _core.COUNTS
+
+
+BF16_NEAREST_EVEN, BF16_TOWARD_ZERO = 0, 1  # to_bf16's modes; must equal _core's
+
+
+def widen(x: np.ndarray) -> np.ndarray:
+    """A wire array as float32: uint16 bf16 bits widened exactly (the top half of a float32),
+    a float32 array as it is."""
+    if x.dtype != np.uint16:
+        return x
+    return (x.astype(np.uint32) << 16).view(np.float32)
+
+
+def to_bf16_numpy(src: np.ndarray, dst: np.ndarray, mode: int) -> None:
+    """dst (uint16) = the bf16 bits of src (float32): rounded to nearest even (add 0x7FFF and
+    the kept half's lowest bit, keep the top half; a finite value may become ±Inf) or toward
+    zero (keep the top half). A NaN is handled apart in both, its top half with the quiet bit
+    set: the addition would carry a NaN into Inf or wrap a −NaN to +0. The reference of
+    ``_core.to_bf16``, bit for bit."""
+    u = src.view(np.uint32)
+    top = u >> np.uint32(16)
+    if mode == BF16_NEAREST_EVEN:
+        r = (u + (np.uint32(0x7FFF) + (top & np.uint32(1)))) >> np.uint32(16)
+    elif mode == BF16_TOWARD_ZERO:
+        r = top
+    else:
+        raise ValueError(f"to_bf16: unknown mode {mode}")
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    dst[...] = np.where(nan, top | np.uint32(0x0040), r).astype(np.uint16)
+
+
+def to_bf16(src: np.ndarray, dst: np.ndarray, mode: int, extension: object | None = None) -> None:
+    """A worker's bf16 conversion (--wire bf16): ``_core.to_bf16`` (one pass, the GIL
+    released) when ``extension`` is given, else the numpy reference; the same bits."""
+    if extension is not None:
+        extension.to_bf16(src, dst, mode)  # type: ignore[attr-defined]
+    else:
+        to_bf16_numpy(src, dst, mode)
 
 
 def sample_stride(n: int) -> int:
@@ -96,7 +140,10 @@ def gem_step_numpy(
 ) -> bool:
     """Reference GEM step, in place on θ, accumulating statistics like the kernel; ``keep``
     (which may be ``s`` itself) receives θ before the update. With ``proxy`` (the global
-    proxy) ``a`` is None and is made from the proxy's m, which the step updates."""
+    proxy) ``a`` is None and is made from the proxy's m, which the step updates. ``delta``
+    and ``a`` may be bf16 bits (uint16, --wire bf16): widened exactly first."""
+    delta = widen(delta)
+    a = None if a is None else widen(a)
     m_new = None
     if proxy is not None:
         m_new, a = proxy.fold(delta)
@@ -129,7 +176,9 @@ def gem_step_numpy(
 
 
 def fixed_step_numpy(theta: np.ndarray, delta: np.ndarray, scale: float) -> bool:
-    """Reference fixed-π step, in place on θ; rejects a non-finite update."""
+    """Reference fixed-π step, in place on θ; rejects a non-finite update. ``delta`` may be
+    bf16 bits (uint16): widened exactly first."""
+    delta = widen(delta)
     if not np.isfinite(delta).all():
         return False
     theta += np.float32(scale) * delta
@@ -255,7 +304,8 @@ def load_extension() -> tuple[object | None, str]:
             return None, "not built; pip install . builds it"
         return None, f"built but does not load: {exc}"
     for name, want in (("HIST_BINS", HIST_BINS), ("HIST_SAMPLE", HIST_SAMPLE),
-                       ("COUNTS", COUNTS)):
+                       ("COUNTS", COUNTS), ("BF16_NEAREST_EVEN", BF16_NEAREST_EVEN),
+                       ("BF16_TOWARD_ZERO", BF16_TOWARD_ZERO)):
         got = getattr(_core, name, None)
         if got != want:
             return None, f"stale build ({name} {got}, expected {want}); rebuild with pip install ."

@@ -14,6 +14,11 @@ applied (the authors' prototype; for a worker's first update, the θ it pulled).
 global proxy one m runs across the whole log instead, every applied update's unscaled Δθ
 folded into it in clock order: m ← μ_g·m + c·Δθ (μ_g, c from the run's number of workers,
 :func:`gem_mpi.algorithm.rule.global_decay`), a = κ|m|.
+
+With ``wire="bf16"`` the replay rounds as the worker does (the numpy reference of the
+conversion, itself held to torch's bf16 rounding by the tests): q = bf16(Δθ) to nearest even,
+a = bf16(κ|m|) toward zero, m folding the float32 Δθ; π from q and a, θ ← θ + π·q (the
+baselines θ ← θ + scale·q; the global proxy folds q into its m and makes a in float32).
 """
 
 from __future__ import annotations
@@ -23,12 +28,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gem_mpi.algorithm.kernel import BF16_NEAREST_EVEN, BF16_TOWARD_ZERO, to_bf16_numpy, widen
 from gem_mpi.algorithm.rule import global_decay
 from gem_mpi.algorithm.stepsize import Schedule, clip
-from gem_mpi.config import ADAPTIVE, GEM, PROXY_GLOBAL, PROXY_LOCAL, SHIFT_OTHERS, SHIFT_PAPER
+from gem_mpi.config import (
+    ADAPTIVE,
+    GEM,
+    PROXY_GLOBAL,
+    PROXY_LOCAL,
+    SHIFT_OTHERS,
+    SHIFT_PAPER,
+    WIRE_BF16,
+    WIRE_F32,
+)
 from gem_mpi.problem.quadratic import Quadratic
 
 f32 = np.float32
+
+
+def _bf16(x: np.ndarray, mode: int) -> np.ndarray:
+    """x rounded to bf16 (``mode``) and widened back: the value the master reads."""
+    bits = np.empty(x.size, np.uint16)
+    to_bf16_numpy(x, bits, mode)
+    return widen(bits)
 
 
 @dataclass
@@ -43,12 +65,14 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
            eps: float = 1e-16, keep_pi: bool = False, window: int = 1000,
            shift: str = SHIFT_OTHERS, proxy: str = PROXY_LOCAL,
            n_workers: int | None = None, schedule: Schedule | None = None,
-           clip_norm: float = 0.0) -> Replay:
+           clip_norm: float = 0.0, wire: str = WIRE_F32) -> Replay:
     """Replay the applied updates of ``log`` (columns worker, version_pulled, staleness, in
     clock order; and seq with a ``schedule``) on ``q``. Only the last ``window`` versions of
     θ are kept for the pulls. ``n_workers``: the run's (the global proxy's decay depends on
     it; default: the workers in the log). ``schedule``: η of each worker's step (default:
-    ``lr`` throughout); ``clip_norm``: the gradient's clipping (0: none)."""
+    ``lr`` throughout); ``clip_norm``: the gradient's clipping (0: none); ``wire``: the
+    run's --wire."""
+    bf16 = wire == WIRE_BF16
     theta = q.theta0()
     if n_workers is None:
         n_workers = len(set(log["worker"].tolist()))
@@ -70,23 +94,26 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
         out.losses.append(0.5 * float(np.dot(q.h * diff, diff)))
         eta = f32(lr) if schedule is None else schedule.eta(seq)
         delta = f32(-eta) * clip(q.h * diff, clip_norm)
+        sent = _bf16(delta, BF16_NEAREST_EVEN) if bf16 else delta  # what the master reads
         if method == GEM:
             if proxy == PROXY_GLOBAL:
-                m_global = mu_g * m_global + gain * delta
+                m_global = mu_g * m_global + gain * sent
                 a = f32(kappa) * np.abs(m_global)
             else:
                 m[w] = f32(momentum) * m[w] + delta
                 a = f32(kappa) * np.abs(m[w])
+                if bf16:
+                    a = _bf16(a, BF16_TOWARD_ZERO)
             ref = before_own.get(w, s) if shift == SHIFT_PAPER else s
-            pi = (a - np.abs(theta - ref)) / (np.abs(delta) + f32(eps))
+            pi = (a - np.abs(theta - ref)) / (np.abs(sent) + f32(eps))
             before_own[w] = theta
             pi = np.clip(pi, f32(0.0), f32(pi_max))
             if keep_pi:
                 out.pis.append(pi)
-            theta = theta + pi * delta
+            theta = theta + pi * sent
         else:
             scale = 1.0 / (tau + 1.0) if method == ADAPTIVE else 1.0
-            theta = theta + f32(scale) * delta
+            theta = theta + f32(scale) * sent
         versions[clock + 1] = theta
         versions.pop(clock + 1 - window, None)
     out.theta = theta

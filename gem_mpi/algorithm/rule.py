@@ -32,7 +32,14 @@ them like one step of μ, and c makes a constant Δθ build the proxy's own |m| 
 (the round's updates are averaged into the step, not summed). With one worker μ_g = μ and
 c = 1 exactly: local GEM, bit for bit (:func:`global_decay`).
 
-DOWNPOUR (π = 1) and adaptive staleness (π = 1/(τ + 1)) send Δθ alone. An update holding a
+DOWNPOUR (π = 1) and adaptive staleness (π = 1/(τ + 1)) send Δθ alone.
+
+``--wire bf16`` halves the bytes of Δθ and κ|m| and keeps the energy rule exact: the worker
+sends q = bf16(Δθ) rounded to nearest even and a = κ|m| rounded *toward zero* (so a never
+exceeds the proxy's κ|m|); m itself folds the float32 Δθ, and s stays float32 (its rounding,
+up to 2⁻⁹|θ|, would be charged as staleness). The master widens q and a exactly and computes
+π from them, θ ← θ + π·q in float32: where π is not clamped the applied magnitude is exactly
+a − |θ − s| whatever the rounding. The baselines apply θ ← θ + π·q; the global proxy folds q. An update holding a
 NaN or an Inf is rejected whole by the master's kernel. This module is the one place that
 knows the rule's formulas for the worker and the fixed π of the baselines; the payload's
 layout is :mod:`gem_mpi.protocol`'s, the fused master-side arithmetic
@@ -47,8 +54,15 @@ from typing import Any
 
 import numpy as np
 
-from gem_mpi.algorithm.kernel import GemStats, GlobalProxy, Kernel
-from gem_mpi.config import ADAPTIVE, GEM, PROXY_GLOBAL, OptimConfig
+from gem_mpi.algorithm.kernel import (
+    BF16_NEAREST_EVEN,
+    BF16_TOWARD_ZERO,
+    GemStats,
+    GlobalProxy,
+    Kernel,
+    to_bf16,
+)
+from gem_mpi.config import ADAPTIVE, GEM, PROXY_GLOBAL, WIRE_BF16, OptimConfig
 from gem_mpi.protocol import SHIFT_BASE, update_payload
 
 
@@ -146,12 +160,21 @@ class WorkerRule:
         ``resumed``: this worker's updates before a checkpoint were applied, so with the
         paper's shift the master holds its s already (the checkpoint carries it). With the
         global proxy the worker keeps no momentum: the master does. ``extension``:
-        gem_mpi.algorithm._core, to fold m in one pass when it lives in host memory."""
+        gem_mpi.algorithm._core, to fold m in one pass when it lives in host memory, and to
+        round to bf16 (--wire bf16) in one pass; None: numpy does both."""
         self.gem = optim.method == GEM
         local = self.gem and optim.gem_proxy != PROXY_GLOBAL
         self.momentum = Momentum.zeros_like(like, optim, extension) if local else None
         self.send_s_once = update_payload(optim, 0).kept == SHIFT_BASE  # the master keeps s
         self.sent_s = resumed
+        # --wire bf16: the rule's own uint16 buffers for q = bf16(Δθ) and a = bf16(κ|m|), in
+        # two sets used in turn, so that update k's payload stays intact while update k+1's
+        # is made (a worker may make the next payload before the previous one was posted);
+        # a payload's arrays are overwritten two payloads later, by which time it was posted
+        self.bf16 = optim.wire == WIRE_BF16
+        self.extension = extension  # the conversion runs there when given (--no-extension: numpy)
+        self._wire: list[tuple[np.ndarray, np.ndarray]] = []
+        self._turn = 0
 
     @property
     def sends_s(self) -> bool:
@@ -162,20 +185,37 @@ class WorkerRule:
                 to_host: Callable[[Any], np.ndarray] = np.asarray) -> tuple[np.ndarray, ...]:
         """(Δθ, κ|m|, s) for GEM, after folding Δθ into m; (Δθ, s) with the global proxy;
         (Δθ,) otherwise. ``delta`` and ``s`` are host arrays; m lives beside
-        ``delta_on_device`` (default: ``delta``).
+        ``delta_on_device`` (default: ``delta``). With --wire bf16, Δθ and κ|m| are sent as
+        uint16 bf16 bits of θ's length, in the rule's buffers (see __init__: valid until
+        the payload after next is made).
 
         With the paper's shift only the first update carries s (the initial pull);
         the master then keeps, in this worker's slot, θ just before each of its updates."""
-        if not self.gem:
-            return (delta,)
-        parts: tuple[np.ndarray, ...] = (delta,)
-        if self.momentum is not None:
-            parts += (to_host(self.momentum.fold(delta if delta_on_device is None
-                                                 else delta_on_device)),)
-        if self.send_s_once and self.sent_s:
+        a = None
+        if self.momentum is not None:  # m folds the float32 Δθ, whatever the wire
+            a = to_host(self.momentum.fold(delta if delta_on_device is None
+                                           else delta_on_device))
+        parts = self._wire_parts(delta, a)
+        if not self.gem or (self.send_s_once and self.sent_s):
             return parts
         self.sent_s = True
         return (*parts, s)
+
+    def _wire_parts(self, delta: np.ndarray, a: np.ndarray | None) -> tuple[np.ndarray, ...]:
+        """(Δθ, a) as the wire sends them (a None: Δθ alone): float32 as they are, or bf16
+        in the next set of the rule's buffers, Δθ rounded to nearest even and a toward zero."""
+        if not self.bf16:
+            return (delta,) if a is None else (delta, a)
+        if not self._wire:
+            self._wire = [(np.empty(delta.size, np.uint16), np.empty(delta.size, np.uint16))
+                          for _ in range(2)]
+        q, qa = self._wire[self._turn]
+        self._turn ^= 1
+        to_bf16(delta, q, BF16_NEAREST_EVEN, self.extension)
+        if a is None:
+            return (q,)
+        to_bf16(a, qa, BF16_TOWARD_ZERO, self.extension)
+        return (q, qa)
 
 
 class MasterRule:

@@ -39,8 +39,8 @@ from gem_mpi.outputs import analysis
 from gem_mpi.protocol import WORKER_TIME_SPLIT, update_payload
 
 ORDERS = ("wait", "pipelined", "overlap")  # --worker-mode values, each a row
-# wire format -> gem_mpi.train's options for it; float32, today's only one, takes none
-WIRES: dict[str, tuple[str, ...]] = {"float32": ()}
+# wire format -> gem_mpi.train's options for it (--wire; float32 is the default)
+WIRES: dict[str, tuple[str, ...]] = {"float32": (), "bf16": ("--wire", "bf16")}
 MODEL = "gem_mpi.bench.overlap:model"
 DATASET = "gem_mpi.bench.overlap:dataset"
 _PARAMS, _STEP_MS = "GEM_MPI_OVERLAP_PARAMS", "GEM_MPI_OVERLAP_STEP_MS"  # to the ranks
@@ -92,12 +92,18 @@ def dataset(split: str) -> _Zeros:
     return _Zeros(_TRAIN if split == "train" else _TEST)
 
 
+def wire_bytes(order: str, wire: str, n: int) -> tuple[int, int]:
+    """(bytes committed, bytes pulled) per GEM update on ``wire``: its payload's, as
+    gem_mpi.protocol counts them for the run's options (the metrics file's attributes)."""
+    if wire not in WIRES:
+        raise ValueError(f"no wire format {wire!r}: one of {', '.join(WIRES)}")
+    return update_payload(Config.of(method="gem", worker_mode=order, wire=wire).optim,
+                          n).wire_bytes
+
+
 def committed_bytes(order: str, wire: str, n: int) -> int:
-    """Bytes one GEM update commits: its payload's parts (gem_mpi.protocol), 4 bytes a float
-    on the float32 wire (every part, today)."""
-    if wire != "float32":
-        raise ValueError(f"no byte count for wire format {wire!r} yet")
-    return 4 * update_payload(Config.of(method="gem", worker_mode=order).optim, n).floats
+    """Bytes one GEM update commits on ``wire`` (:func:`wire_bytes`)."""
+    return wire_bytes(order, wire, n)[0]
 
 
 def master_capacity(n: int, workers: int) -> dict:
@@ -134,7 +140,7 @@ def _row(run: analysis.Run, args: argparse.Namespace, workers: int, order: str, 
     master = {k: summary[f"master_{k}_s"] / wall for k in MASTER_SPLIT}
     master["other"] = 1.0 - sum(master.values())
     apply_ms = 1e3 * summary["master_apply_s"] / updates
-    committed = committed_bytes(order, wire, args.params)
+    committed, pulled = wire_bytes(order, wire, args.params)
     # compute per step as the updates report it (the sleep, θ into the model, the gradient
     # zeroed, Δθ): on the compute thread with the overlap order; the worker's own host work
     # beyond the sleep (that, and the payload's m and κ|m| where it is on the critical
@@ -153,7 +159,7 @@ def _row(run: analysis.Run, args: argparse.Namespace, workers: int, order: str, 
             "compute_ms": compute_ms,
             "host_ms": host_ms, "hidden_ratio": args.step_ms / (args.step_ms + host_ms),
             "worker_split": split, "bytes_per_update": committed,
-            "bytes_committed": committed, "bytes_pulled": 4 * args.params,
+            "bytes_committed": committed, "bytes_pulled": pulled,
             "master_split": master, "master_cpu": summary.get("master_cpu_s", math.nan) / wall,
             "master_updates_per_s": updates / wall, "apply_ms": apply_ms,
             "demand_vs_capacity": workers * per_s / capacity["updates_per_s"],

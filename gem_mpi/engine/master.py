@@ -37,6 +37,7 @@ from gem_mpi.protocol import (
     Piece,
     ShardState,
     State,
+    update_payload,
 )
 from gem_mpi.run.rank import Placement, RankPlace, placement_line
 from gem_mpi.run.supervisor import (
@@ -446,7 +447,7 @@ def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Prob
         + ", ".join(f"{hi - lo}" for lo, hi in role.plan.bounds) + " parameters)")
     say(f"{cfg.method} on {cfg.data.model}/{cfg.data.dataset}: {masters} + "
         f"{layout.n_workers} workers, {problem.n_params} parameters, master kernel: "
-        f"{kernel.name}"
+        f"{kernel.name}; {update_payload(cfg.optim, problem.n_params).wire_note()}"
         + (f"; resuming {resumed.path} at update {resumed.clock}"
            + _changes_note(resumed) + _momentum_note(cfg, resumed) if resumed else ""))
     # the evaluation's torch threads: the same cores. The evaluation runs in a background

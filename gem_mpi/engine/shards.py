@@ -71,6 +71,7 @@ from gem_mpi.transport.endpoints import shard_comm
 from gem_mpi.transport.link import Link, MessageLink
 
 LEAD = 0
+BF16_NAN = 0x7FC0  # a quiet NaN's bf16 bits
 
 
 @dataclass(frozen=True)
@@ -90,13 +91,19 @@ class Plan:
     def poison_all(self, parts: tuple[np.ndarray, ...]) -> None:
         """An update with NaN or Inf in any part of any shard's slice is made non-finite in
         every shard's Δθ, so that every shard's kernel rejects it alike (each checks only
-        its slice). Two passes (min, max) without allocating; NaN propagates through both."""
+        its slice). Two passes (min, max) without allocating; NaN propagates through both.
+        A bf16 part (uint16 bits, --wire bf16) is non-finite where its exponent is all ones;
+        a bf16 Δθ is poisoned with a bf16 NaN."""
         for p in parts:
-            lo, hi = float(p.min()), float(p.max())
-            if not (np.isfinite(lo) and np.isfinite(hi)):
+            if p.dtype == np.uint16:
+                bad = bool(((p & np.uint16(0x7F80)) == np.uint16(0x7F80)).any())
+            else:
+                lo, hi = float(p.min()), float(p.max())
+                bad = not (np.isfinite(lo) and np.isfinite(hi))
+            if bad:
                 delta = parts[0]
                 for a, _ in self.bounds:
-                    delta[a] = np.nan
+                    delta[a] = BF16_NAN if delta.dtype == np.uint16 else np.nan
                 return
 
 

@@ -155,11 +155,16 @@ class MetricsWriter:
         resume_log: dict | None = None,
         masters: int = 1,
         resume_shard_rows: list[int] | None = None,
+        wire_bytes: tuple[int, int] | None = None,
     ) -> None:
         """``resume_rows``: continue this run's file, cut back to these rows; ``resume_log``:
         this start is a resume (at which update, from which checkpoint, changing what).
         ``masters`` K > 1: one more table per shard 1..K-1 (``shard<k>``, the columns of
-        ``updates``: that shard's own event order); ``resume_shard_rows``: their rows."""
+        ``updates``: that shard's own event order); ``resume_shard_rows``: their rows.
+        ``wire_bytes``: (committed, pulled) bytes per update, recorded as the root's
+        ``bytes_committed_per_update`` and ``bytes_pulled_per_update`` (the asynchronous
+        methods; gem_mpi.protocol.UpdatePayload)."""
+        self.wire_bytes = wire_bytes
         self.shard_tables: list[_Table] = []
         self.path = path
         self.flush_seconds = flush_seconds
@@ -184,6 +189,7 @@ class MetricsWriter:
         f.attrs["kernel"] = kernel
         f.attrs["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         f.attrs["run_id"] = run_id
+        self._record_wire()
         if resume_log is not None:  # a resumed run whose metrics file starts here
             _log_resume(f, resume_log)
         t = f.create_group("tensors")
@@ -215,6 +221,12 @@ class MetricsWriter:
                 summary.create_dataset(name, data=np.full(masters, -1, np.int64))
         f.swmr_mode = True
         self._last_flush = time.monotonic()
+
+    def _record_wire(self) -> None:
+        """The bytes an update commits and a pull reads, as this start's --wire makes them."""
+        if self.wire_bytes is not None:
+            self._f.attrs["bytes_committed_per_update"] = int(self.wire_bytes[0])
+            self._f.attrs["bytes_pulled_per_update"] = int(self.wire_bytes[1])
 
     def _reopen(self, rows: tuple[int, int, int], log: dict | None,
                 shard_rows: list[int]) -> None:
@@ -258,6 +270,7 @@ class MetricsWriter:
         if "worker_time" in f["summary"]:
             f["summary"]["worker_time"][...] = np.nan
         f.attrs["resumes"] = int(f.attrs.get("resumes", 0)) + 1
+        self._record_wire()
         if log is not None:
             _log_resume(f, log)
         f.swmr_mode = True

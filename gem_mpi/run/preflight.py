@@ -32,6 +32,7 @@ from gem_mpi.config import (
     STEP,
     SYNC,
     WAIT,
+    WIRE_F32,
     Config,
     DataConfig,
     OptimConfig,
@@ -114,6 +115,9 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
     if method == SYNC and cfg.optim.worker_mode != WAIT:
         raise UsageError("--worker-mode is for the asynchronous methods: --method sync has no "
                          "master to pipeline against (every step waits for every worker)")
+    if method == SYNC and cfg.optim.wire != WIRE_F32:
+        raise UsageError(f"--wire {cfg.optim.wire} is for the asynchronous methods: --method "
+                         "sync averages gradients with Horovod and sends no update to a master")
     if method == SYNC and model == QUADRATIC:
         raise UsageError("--method sync trains torch models (Horovod): --model quadratic is "
                          "for the asynchronous methods only")

@@ -262,6 +262,8 @@ class RunSupervisor:
                 kernel_name, resume_rows=rows, min_free_bytes=self.monitor.min_free_bytes,
                 run_id=self.run_id, resume_log=log, masters=cfg.runtime.masters,
                 resume_shard_rows=None if shard_rows is None else list(shard_rows),
+                wire_bytes=None if cfg.method == SYNC else protocol.update_payload(
+                    cfg.optim, problem.n_params).wire_bytes,
             )
         self.progress = ProgressLine(self.monitor.log_every, unit="upd" if noun == "update"
                                      else "step", noun=f"{noun}s")

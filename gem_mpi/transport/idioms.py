@@ -18,6 +18,12 @@ Working configuration (Open MPI 4.1, mpi4py 4.1): 8-byte ``Compare_and_swap`` is
 ``Fetch_and_op`` (as its request-based form ``Rget_accumulate``) followed by a ``Flush``
 where it changes the word.
 
+A mailbox message's parts are arrays of any dtype (float32; uint16 bf16 bits with ``--wire
+bf16``): :meth:`Mailbox.post` puts each part's bytes at the next 4-byte boundary of the slot
+and counts its length as ceil(nbytes / 4) floats, so an odd number of uint16 leaves two
+bytes of padding (not written, never read) and the parts' float offsets are the ones
+:class:`gem_mpi.protocol.UpdatePayload` gives.
+
 A worker waits for each of its operations on a request, sleeping between tests
 (:func:`~gem_mpi.transport.polling.complete`), never inside a blocking ``Flush`` while the
 target may not have served it: on MPICH 4.0 every operation waits for rank 0's next progress
@@ -48,6 +54,12 @@ assert HEADER.itemsize == HEADER_BYTES
 def _bytes(a: np.ndarray) -> list:
     """An MPI buffer spec of raw bytes, so origin and target signatures always match."""
     return [a.reshape(-1).view(np.uint8), MPI.BYTE]
+
+
+def _floats(part: np.ndarray) -> int:
+    """Float32 slots a message part takes: ceil(nbytes / 4) (a uint16 part of odd length
+    ends with two bytes of padding)."""
+    return (part.nbytes + 3) // 4
 
 
 Zero = Callable[[np.ndarray], None]  # zeroes a fresh 1-D float32 array where it is streamed
@@ -396,7 +408,7 @@ class Mailbox:
         h = self._header
         for name, value in fields.items():
             h[name] = value
-        h["nfloats"] = sum(p.size for p in parts)
+        h["nfloats"] = sum(_floats(p) for p in parts)
         if h["nfloats"][0] > self.payload_floats:
             raise ValueError("payload larger than the mailbox slot")
         win, disp = self._slots.win, slot * self.slot_bytes
@@ -404,7 +416,7 @@ class Mailbox:
         offset = disp + HEADER_BYTES
         for part in parts:  # buffers stay referenced by the caller until the Flush below
             puts.append(win.Rput(_bytes(part), MASTER, (offset, part.nbytes, MPI.BYTE)))
-            offset += part.nbytes
+            offset += 4 * _floats(part)  # the next part at a 4-byte boundary
         for put in puts:  # sent (not yet known to have arrived): sleeping, not spinning
             complete(put, self._wait)
         win.Flush(MASTER)  # arrived: only then is the message given a ticket
