@@ -407,10 +407,12 @@ def _check(h5, theta, method: str, **rule: object) -> None:
     (SHIFT_PAPER, PROXY_LOCAL, "pipelined", "extension"),
     (SHIFT_OTHERS, PROXY_GLOBAL, "pipelined", "extension"),
     (SHIFT_PAPER, PROXY_GLOBAL, "wait", "numpy"),
+    (SHIFT_OTHERS, PROXY_LOCAL, "overlap", "extension"),
+    (SHIFT_PAPER, PROXY_GLOBAL, "overlap", "numpy"),
 ])
 def test_bf16_gem_run_equals_the_replay_bit_for_bit(tmp_path, shift, proxy, mode, kernel):
     """Both kernels (and both workers' conversions: --no-extension takes both to numpy),
-    both shifts, both proxies, both worker orders; the start-up line and the metrics file
+    both shifts, both proxies, every worker order; the start-up line and the metrics file
     state the bytes of the wire."""
     extra = ["--gem-shift", shift, "--gem-proxy", proxy, "--worker-mode", mode,
              *(["--no-extension"] if kernel == "numpy" else [])]
@@ -430,9 +432,10 @@ def test_bf16_gem_run_equals_the_replay_bit_for_bit(tmp_path, shift, proxy, mode
 @pytest.mark.mpi
 @pytest.mark.parametrize("masters", [1, 2])
 def test_bf16_downpour_run_equals_the_replay_bit_for_bit(tmp_path, masters):
-    """DOWNPOUR θ ← θ + q; with --masters 2 each shard's slice of the bf16 parts (the worker
-    slices them by θ's element range) replays its own event order."""
-    h5, theta, _ = _run(tmp_path, DOWNPOUR, "--worker-mode", "pipelined", masters=masters)
+    """DOWNPOUR θ ← θ + q; with --masters 2 (overlapped) each shard's slice of the bf16
+    parts (the worker slices them by θ's element range) replays its own event order."""
+    h5, theta, _ = _run(tmp_path, DOWNPOUR, "--worker-mode",
+                        "pipelined" if masters == 1 else "overlap", masters=masters)
     if masters == 1:
         _check(h5, theta, DOWNPOUR)
         return
