@@ -24,7 +24,15 @@ from gem_mpi.errors import UsageError
 GEM, DOWNPOUR, ADAPTIVE = "gem", "downpour", "adaptive"
 ASYNC_METHODS = (GEM, DOWNPOUR, ADAPTIVE)  # applied by the master on rank 0
 SYNC = "sync"  # synchronous momentum SGD on Horovod: every rank a worker, no master
-METHODS = (*ASYNC_METHODS, SYNC)
+DDP = "ddp"  # the same on torch.distributed's DistributedDataParallel
+SYNC_METHODS = (SYNC, DDP)
+METHODS = (*ASYNC_METHODS, *SYNC_METHODS)
+
+
+def synchronous(method: str) -> bool:
+    """Whether ``method`` is a synchronous one: every rank a worker, no master."""
+    return method in SYNC_METHODS
+
 QUADRATIC = "quadratic"  # the numpy test problem: no torch, no data
 TORCH_MODELS = ("mnist-cnn", "alexnet", "resnet18")
 MODELS = (*TORCH_MODELS, QUADRATIC)
@@ -102,7 +110,8 @@ class OptimConfig:
 
     method: str = opt(GEM, f"update rule at the master: {', '.join(ASYNC_METHODS)}; or sync: "
                       "synchronous momentum SGD on Horovod (every rank a worker, no master), "
-                      "GEM's proxy, the baseline to compare with")
+                      "GEM's proxy, the baseline to compare with; or ddp: the same on "
+                      "PyTorch's DistributedDataParallel (gloo on the CPU, NCCL on GPUs)")
     # the workers and the kernel compute in float32: each value is checked as float32 sees it
     lr: float = opt(0.05, "learning rate η (> 0)", check=POSITIVE_F32)
     momentum: float = opt(0.9, "proxy momentum μ in [0, 1)", check=FRACTION_F32)
@@ -378,7 +387,7 @@ def parse(argv: list[str]) -> tuple[Config | None, str | None]:
 def n_workers(cfg: Config, world_size: int) -> int:
     """Workers in a job of ``world_size`` ranks: all of them for sync, all but the --masters
     master ranks else."""
-    return world_size if cfg.method == SYNC else world_size - cfg.runtime.masters
+    return world_size if synchronous(cfg.method) else world_size - cfg.runtime.masters
 
 
 def straggler(cfg: Config, world_size: int) -> tuple[int, float] | None:

@@ -14,7 +14,7 @@ import uuid
 
 from gem_mpi import config
 from gem_mpi.algorithm.kernel import kernel_threads
-from gem_mpi.baseline.sync import check_horovod, run_sync
+from gem_mpi.baseline.sync import check_ddp, check_horovod, run_sync
 from gem_mpi.engine import shards
 from gem_mpi.engine.master import Master, Role, start_master
 from gem_mpi.engine.worker import run_worker
@@ -55,7 +55,7 @@ def prepare(cfg: config.Config, comm: MPI.Intracomm
             error = str(exc)
     soft_barrier(comm)  # the others sleep while rank 0 checks the data
     error = comm.bcast(error, root=MASTER)
-    if error is None and cfg.method != config.SYNC:
+    if error is None and not config.synchronous(cfg.method):
         error = window_check(comm)  # a stack that cannot make the windows: one line, exit 2
     if error is None and cfg.optim.worker_mode == config.OVERLAP:
         error = thread_check(comm)  # a compute thread beside the MPI one
@@ -67,6 +67,8 @@ def _check_on_master(cfg: config.Config, size: int) -> checkpoint.Checkpoint | N
     validate(cfg, size)  # the data too: there, intact, and a batch per worker
     if cfg.method == config.SYNC:
         check_horovod()
+    elif cfg.method == config.DDP:
+        check_ddp()
     else:
         kernel_threads()  # GEM_NUM_THREADS
         if cfg.runtime.masters > 1:  # θ is cut between tensors: enough of them?
@@ -117,12 +119,12 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint 
     ``result``, if given, receives on rank 0 the final θ and the model it was loaded into."""
     stop = StopFlag().install()
     rank = comm.Get_rank()
-    masters = cfg.runtime.masters if cfg.method != config.SYNC else 1
+    masters = cfg.runtime.masters if not config.synchronous(cfg.method) else 1
     placement = local_placement(comm, masters)  # collective: every rank, before the windows
     problem = build_problem(cfg.data, with_theta0=rank < masters)
     # --verbose: rank 0 learns where every rank runs, for its placement line
     ranks = gather_placement(comm, placement, cfg.runtime.threads, problem.quadratic is None
-                             ) if cfg.monitor.verbose and cfg.method != config.SYNC else None
+                             ) if cfg.monitor.verbose and not config.synchronous(cfg.method) else None
     n_workers = config.n_workers(cfg, comm.Get_size())
     if resumed is not None and resumed.theta.size != problem.n_params:
         raise UsageError(f"--resume {resumed.path!r} holds {resumed.theta.size} "
@@ -132,7 +134,7 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint 
             and getattr(resumed.proxy_m, "shape", None) != (problem.n_params,)):
         raise UsageError(f"--resume {resumed.path!r} holds no global proxy m of "
                          f"{problem.n_params} parameters (--gem-proxy global)")
-    if cfg.method == config.SYNC:
+    if config.synchronous(cfg.method):
         return run_sync(cfg, comm, problem, placement, stop, resumed, result)
     plan = shards.plan(cfg, problem, n_workers)
     soft_barrier(comm)

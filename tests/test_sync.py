@@ -148,8 +148,8 @@ def test_sync_with_the_numpy_quadratic_is_one_line_and_exit_2():
     res = train(2, *quadratic_args(method="sync"), timeout=120)
     assert res.returncode == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi:")]
-    assert lines == [("gem_mpi: error: --method sync trains torch models (Horovod): "
-                      "--model quadratic is for the asynchronous methods only")]
+    assert lines == [("gem_mpi: error: --method sync trains torch models: --model quadratic "
+                      "is for the asynchronous methods only")]
 
 
 def test_bench_compare_runs_each_method_as_a_real_job(tmp_path):

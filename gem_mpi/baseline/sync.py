@@ -1,10 +1,15 @@
-"""``--method sync``: synchronous data-parallel momentum SGD on Horovod, GEM's proxy.
+"""``--method sync`` and ``ddp``: synchronous data-parallel momentum SGD, GEM's proxy.
 
 GEM's proxy, the process whose energy GEM matches: n workers average their gradients every step, then take one
 momentum-SGD step with the same η and μ as the asynchronous methods; the effective batch is
-n × b. Every rank is a worker (no master), Horovod's ``DistributedOptimizer`` averages the
-gradients over our mpi4py communicator, and each worker reads the same data stream as
-worker number rank + 1 of an asynchronous run, so that the methods see the same data.
+n × b. Every rank is a worker (no master) and reads the same data stream as worker number
+rank + 1 of an asynchronous run, so that the methods see the same data. Two engines average
+the gradients, each behind a small face (:class:`_Horovod`, :class:`_Ddp`) so that the step
+loop, the metrics and the checkpoints are one: ``sync``, Horovod's ``DistributedOptimizer``
+over our mpi4py communicator; ``ddp``, PyTorch's ``DistributedDataParallel`` (gloo on the
+CPU, NCCL on GPUs) whose process group is started from the MPI world (rank 0's address and a
+free port broadcast over MPI: no other launcher), its bucketed allreduces overlapping the
+backward pass. Both compute the same θ up to float32 summation order.
 
 Besides Horovod's allreduce, each step does one small ``Allgather`` of (loss, compute
 seconds, stop, rank 0's verdict) over mpi4py: it gives rank 0 the metrics row and makes every
@@ -22,7 +27,7 @@ import time
 import numpy as np
 
 from gem_mpi.algorithm.stepsize import Schedule
-from gem_mpi.config import AMP_BF16, Config
+from gem_mpi.config import AMP_BF16, DDP, Config
 from gem_mpi.errors import GemError, UsageError
 from gem_mpi.outputs.checkpoint import Checkpoint
 from gem_mpi.problem import Problem, build_problem, flatten, load_theta, unflatten
@@ -30,6 +35,7 @@ from gem_mpi.run.monitor import LossWatch
 from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
 from gem_mpi.run.supervisor import FINISHED, Outcome, RunSupervisor, StopFlag, Verdict, say
 from gem_mpi.transport import MPI
+from gem_mpi.transport.runtime import node_count
 
 ROOT = 0
 # the per-step Allgather row: what rank 0 records and what every rank must agree on
@@ -66,22 +72,26 @@ def check_horovod() -> None:
                          "tools/build_horovod.sh")
 
 
-class SyncTrainer:
-    """One worker of the synchronous run: model, momentum SGD wrapped by Horovod, data.
+def check_ddp() -> None:
+    """UsageError, with the fix, when this torch has no torch.distributed with gloo."""
+    import torch.distributed as dist
 
-    ``theta`` and ``momentum`` (flat float32, from a checkpoint) replace θ₀ and the zero
-    momentum when given; they must be given on every rank alike (run_sync broadcasts them).
-    """
+    if not dist.is_available() or not dist.is_gloo_available():
+        raise UsageError("--method ddp needs torch.distributed with the gloo backend; this "
+                         "torch has none (use --method sync, Horovod)")
 
-    def __init__(self, cfg: Config, comm: MPI.Intracomm, problem: Problem,
-                 placement: Placement, start_step: int = 0,
-                 theta: np.ndarray | None = None, momentum: np.ndarray | None = None) -> None:
+
+class _Horovod:
+    """The allreduce on Horovod: its optimizer wrapper averages the gradients as the
+    backward pass produces them (MPI_THREAD_MULTIPLE: its thread calls MPI)."""
+
+    def __init__(self, cfg: Config, comm: MPI.Intracomm) -> None:
+        import horovod
         import horovod.torch as hvd
-        import torch
         from horovod.common.exceptions import HorovodInternalError
 
-        self.torch, self.hvd = torch, hvd
-        self.hvd_failure = HorovodInternalError  # what a step raises once Horovod shut down
+        self.hvd, self._failure = hvd, HorovodInternalError
+        self.name = f"Horovod {horovod.__version__} allreduce (average)"
         timeout = cfg.monitor.worker_timeout
         if timeout:
             # a hung rank holds every allreduce: Horovod's stall check (rank 0's background
@@ -91,10 +101,117 @@ class SyncTrainer:
             os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
                                   str(max(1, int(timeout))))
         hvd.init(comm=comm)  # every rank of comm runs this: Horovod hangs otherwise
+
+    def failed(self, exc: BaseException) -> bool:
+        """Whether a step raised because Horovod shut down (its stall check)."""
+        return isinstance(exc, self._failure)
+
+    def wrap(self, model: object, opt: object) -> tuple[object, object]:
+        """(the module to run, the optimizer to step): the wrapper is a new optimizer over
+        the same parameters, so state goes on it."""
+        return model, self.hvd.DistributedOptimizer(
+            opt, named_parameters=model.named_parameters(), op=self.hvd.Average)
+
+    def broadcast(self, model: object, opt: object) -> None:
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=ROOT)
+        self.hvd.broadcast_optimizer_state(opt, root_rank=ROOT)
+
+    def step(self, opt: object, clip: object) -> None:
+        """Wait for the averaged gradient, clip it if asked, step."""
+        if clip is None:
+            opt.step()
+            return
+        opt.synchronize()
+        clip()
+        with opt.skip_synchronize():
+            opt.step()
+
+    def close(self) -> None:
+        self.hvd.shutdown()
+
+
+class _Ddp:
+    """The allreduce on torch.distributed's DistributedDataParallel: a process group over
+    the MPI world's ranks, rendezvous at rank 0's address (MASTER_ADDR if set, else loopback
+    on one node, its host's address across nodes) on a port it finds free, both broadcast
+    over MPI; its timeout is
+    --worker-timeout, so a hung rank fails the step as Horovod's stall check does."""
+
+    def __init__(self, cfg: Config, comm: MPI.Intracomm, device: object) -> None:
+        import datetime
+        import socket
+
+        import torch
+        import torch.distributed as dist
+
+        self.dist, self.device = dist, device
+        addr = port = None
+        nodes = node_count(comm)  # collective: every rank
+        if comm.Get_rank() == ROOT:
+            addr = os.environ.get("MASTER_ADDR") or (
+                "127.0.0.1" if nodes == 1 else socket.gethostbyname(socket.gethostname()))
+            with socket.socket() as probe:  # a free port: bound, read, released
+                probe.bind(("", 0))
+                port = probe.getsockname()[1]
+        addr, port = comm.bcast((addr, port), root=ROOT)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        timeout = datetime.timedelta(seconds=cfg.monitor.worker_timeout or 1800.0)
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}",
+                                rank=comm.Get_rank(), world_size=comm.Get_size(),
+                                timeout=timeout)
+        self._failure = (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError)
+        self.name = f"torch {torch.__version__} DistributedDataParallel ({backend}, average)"
+
+    def failed(self, exc: BaseException) -> bool:
+        """Whether a step raised because the process group failed: a torch.distributed
+        error, or gloo's timeout, which reaches Python as a plain RuntimeError."""
+        return isinstance(exc, self._failure) or (
+            isinstance(exc, RuntimeError) and "gloo" in str(exc) and "Timed out" in str(exc))
+
+    def wrap(self, model: object, opt: object) -> tuple[object, object]:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device] if self.device.type == "cuda" else None
+        # DDP broadcasts rank 0's parameters and buffers as it wraps
+        return DistributedDataParallel(model, device_ids=ids), opt
+
+    def broadcast(self, model: object, opt: object) -> None:
+        """The momentum buffers, identical on every rank already (a checkpoint's, given to
+        every rank, or none): nothing to send."""
+
+    def step(self, opt: object, clip: object) -> None:
+        """The gradient is averaged by the end of backward; clip it if asked, step."""
+        if clip is not None:
+            clip()
+        opt.step()
+
+    def close(self) -> None:
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+class SyncTrainer:
+    """One worker of the synchronous run: model, momentum SGD wrapped by the method's
+    allreduce (Horovod or DDP), data.
+
+    ``theta`` and ``momentum`` (flat float32, from a checkpoint) replace θ₀ and the zero
+    momentum when given; they must be given on every rank alike (run_sync broadcasts them).
+    """
+
+    def __init__(self, cfg: Config, comm: MPI.Intracomm, problem: Problem,
+                 placement: Placement, start_step: int = 0,
+                 theta: np.ndarray | None = None, momentum: np.ndarray | None = None) -> None:
+        import torch
+
+        self.torch = torch
         self.comm = comm
         self.worker = comm.Get_rank() + 1
         self.n_workers = comm.Get_size()
+        if cfg.method != DDP:
+            self.face: _Horovod | _Ddp = _Horovod(cfg, comm)
         self.device = torch_device(cfg.runtime.threads, placement)
+        if cfg.method == DDP:
+            self.face = _Ddp(cfg, comm, self.device)
         self.model = problem.model.to(self.device)
         self.loss = problem.loss.mean
         self.model.train()
@@ -102,13 +219,10 @@ class SyncTrainer:
         opt = torch.optim.SGD(self.params, lr=cfg.optim.lr, momentum=cfg.optim.momentum)
         if theta is not None:
             load_theta(self.model, theta)
-        # the wrapper is a new optimizer over the same parameters: state goes on it, not on opt
-        self.opt = hvd.DistributedOptimizer(opt, named_parameters=self.model.named_parameters(),
-                                            op=hvd.Average)
+        self.net, self.opt = self.face.wrap(self.model, opt)
         if momentum is not None:
             self._set_momentum(self.opt, momentum)
-        hvd.broadcast_parameters(self.model.state_dict(), root_rank=ROOT)
-        hvd.broadcast_optimizer_state(self.opt, root_rank=ROOT)
+        self.face.broadcast(self.model, self.opt)
         self.seed, self.step_count = cfg.data.seed, start_step
         self.steps, self.batches = data_stream(cfg.data, self.worker, self.n_workers, start_step)
         self.schedule = Schedule.of(cfg.optim, self.steps)  # η per step, as the workers'
@@ -137,21 +251,20 @@ class SyncTrainer:
         self.opt.zero_grad()
         with torch.autocast(self.device.type, dtype=self.amp or torch.float32,
                             enabled=self.amp is not None):
-            loss = self.loss(self.model(x), y)
-        loss.backward()  # Horovod's hooks start the allreduces here, tensor by tensor
+            loss = self.loss(self.net(x), y)
+        # the allreduces start here, tensor by tensor (Horovod) or bucket by bucket (DDP,
+        # whose backward returns once they are done: its wait counts in compute)
+        loss.backward()
         value = float(loss.detach())
         compute_s = time.perf_counter() - t0
         if self.slow_factor > 1.0:  # --straggler: this worker takes FACTOR times as long
             time.sleep((self.slow_factor - 1.0) * compute_s)
             compute_s *= self.slow_factor
         t1 = time.perf_counter()
-        if self.clip_norm > 0:  # the averaged gradient, as the workers clip theirs
-            self.opt.synchronize()  # waits for every worker's gradient, averaged
-            torch.nn.utils.clip_grad_norm_(self.params, self.clip_norm)
-            with self.opt.skip_synchronize():
-                self.opt.step()
-        else:
-            self.opt.step()  # waits for every worker's gradient, averaged
+        # the averaged gradient is clipped, as the workers clip theirs
+        clip = (None if self.clip_norm <= 0 else
+                lambda: torch.nn.utils.clip_grad_norm_(self.params, self.clip_norm))
+        self.face.step(self.opt, clip)  # waits for every worker's gradient, averaged
         return value, compute_s, time.perf_counter() - t1
 
     def theta(self) -> np.ndarray:
@@ -164,7 +277,7 @@ class SyncTrainer:
 
     def close(self) -> None:
         self.batches.close()  # its loader processes (--loader-workers) stop now
-        self.hvd.shutdown()
+        self.face.close()
 
 
 def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Placement,
@@ -186,11 +299,9 @@ def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Plac
         comm.Bcast(momentum, root=ROOT)
     trainer = SyncTrainer(cfg, comm, problem, placement, start, theta, momentum)
     if rank == ROOT:
-        import horovod
-
         n = comm.Get_size()
-        say(f"sync on {cfg.data.model}/{cfg.data.dataset}: {n} workers, no master, Horovod "
-            f"{horovod.__version__} allreduce (average), {problem.n_params} parameters, "
+        say(f"{cfg.method} on {cfg.data.model}/{cfg.data.dataset}: {n} workers, no master, "
+            f"{trainer.face.name}, {problem.n_params} parameters, "
             f"effective batch {n} × {cfg.data.batch_size}, device {trainer.device}"
             + (f"; resuming {resumed.path} at step {start}" if resumed else ""))
     try:
@@ -225,7 +336,7 @@ class SyncRun:
         if self.root:
             # the evaluator loads θ snapshots into a model of its own, apart from the trained
             # one; a stuck rank is Horovod's stall check's to find (see SyncTrainer)
-            self.sup = RunSupervisor(cfg, problem, self.n, self, "horovod allreduce (average)",
+            self.sup = RunSupervisor(cfg, problem, self.n, self, trainer.face.name,
                                      stop, resumed,
                                      eval_problem=build_problem(cfg.data, with_theta0=False),
                                      losses=self.losses, watch_workers=False)
@@ -284,16 +395,18 @@ class SyncRun:
         return FINISHED
 
     def _step(self, step: int) -> tuple[float, float, float]:
-        """One step; if Horovod shut down (its stall check: a rank sent nothing for
-        --worker-timeout seconds), rank 0 checkpoints θ (the failed step changed nothing)
+        """One step; if the allreduce failed (Horovod's stall check, or the process group's
+        timeout: a rank sent nothing for --worker-timeout seconds), rank 0 checkpoints θ (the failed step changed nothing)
         and ends the job with one line. The others give it time to do so before speaking."""
         try:
             return self.trainer.step()
-        except self.trainer.hvd_failure:
-            pass
-        why = (f"step {step} could not complete: Horovod shut down, a worker having sent "
-               f"nothing for --worker-timeout {self.cfg.monitor.worker_timeout:g} s "
-               "(Horovod's lines above mark it with '!')")
+        except Exception as exc:  # the allreduce's failure; anything else is re-raised
+            if not self.trainer.face.failed(exc):
+                raise
+        why = (f"step {step} could not complete: the allreduce failed, a worker having sent "
+               f"nothing for --worker-timeout {self.cfg.monitor.worker_timeout:g} s"
+               + (" (Horovod's lines above mark it with '!')" if self.cfg.method != DDP
+                  else ""))
         if self.sup is not None:
             notes = self.sup.cut_short({"updates": step, "finished": 0.0},
                                        "--resume auto continues")

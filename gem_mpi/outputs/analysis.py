@@ -26,6 +26,7 @@ from typing import Any, NoReturn, Self
 import h5py
 import numpy as np
 
+from gem_mpi.config import synchronous
 from gem_mpi.errors import GemError
 from gem_mpi.outputs.metrics import (
     EVAL_COLUMNS,
@@ -45,7 +46,7 @@ EVAL_COLUMN_NAMES = [name for name, _ in EVAL_COLUMNS]
 
 def expected_columns(method: str) -> dict[str, list[str]]:
     """The columns gem_mpi.outputs.metrics writes for a run of this method, per group."""
-    if method == "sync":  # one row per synchronous step: its own columns
+    if synchronous(method):  # one row per synchronous step: its own columns
         return {"updates": [name for name, _ in SYNC_COLUMNS], "eval": EVAL_COLUMN_NAMES}
     updates = COMMON_UPDATE_COLUMNS + (GEM_ONLY_COLUMNS if method == "gem" else [])
     return {"updates": updates, "eval": EVAL_COLUMN_NAMES}
@@ -434,7 +435,7 @@ def samples_per_second(run: Run) -> float:
     t = run.col("time")
     if t is None or t.size == 0 or batch <= 0:
         return math.nan
-    if run.method == "sync":
+    if synchronous(run.method):
         wall = wall_seconds(run)
         return applied_updates(run) * run.n_workers * batch / wall if wall > 0 else math.nan
     w = run.col("worker")
@@ -616,7 +617,7 @@ def diverged(run: Run) -> bool:
 def samples_per_update(run: Run) -> int:
     """Training samples behind one /updates row: b, or n × b for a synchronous step."""
     b = int(run.config.get("batch_size", 0))
-    return b * run.n_workers if run.method == "sync" else b
+    return b * run.n_workers if synchronous(run.method) else b
 
 
 def by_worker_step(run: Run, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import h5py
 import numpy as np
 
+from gem_mpi.config import synchronous
 from gem_mpi.errors import OutputError, UsageError
 from gem_mpi.outputs.files import atomic_write, h5py_write_errors, os_reason
 from gem_mpi.protocol import WORKER_TIME_COLUMNS
@@ -78,7 +79,7 @@ SHARD_SUMMARY = ("shard_clock", "shard_rejected")
 
 
 def summary_fields(method: str) -> list[str]:
-    return SYNC_SUMMARY_FIELDS if method == "sync" else SUMMARY_FIELDS
+    return SYNC_SUMMARY_FIELDS if synchronous(method) else SUMMARY_FIELDS
 
 
 def library_versions() -> dict[str, str]:
@@ -195,7 +196,7 @@ class MetricsWriter:
         t = f.create_group("tensors")
         t.create_dataset("name", data=np.array(tensor_names, dtype=h5py.string_dtype()))
         t.create_dataset("size", data=np.asarray(tensor_sizes, dtype=np.int64))
-        sync = config["method"] == "sync"
+        sync = synchronous(config["method"])
         cols = [(n, d, ()) for n, d in (SYNC_COLUMNS if sync else UPDATE_COLUMNS)]
         if config["method"] == "gem":
             k = len(tensor_names)

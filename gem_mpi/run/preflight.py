@@ -30,7 +30,6 @@ from gem_mpi.config import (
     QUADRATIC,
     SECTIONS,
     STEP,
-    SYNC,
     WAIT,
     WIRE_F32,
     Config,
@@ -41,6 +40,7 @@ from gem_mpi.config import (
     is_plugin,
     n_workers,
     straggler,
+    synchronous,
 )
 from gem_mpi.errors import UsageError
 from gem_mpi.outputs import checkpoint
@@ -77,7 +77,8 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
     with one readable line. With ``data`` (rank 0 of a run) it also checks the dataset:
     that it is there and intact, and that each worker's share holds a batch."""
     method, model, dataset = cfg.method, cfg.data.model, cfg.data.dataset
-    if world_size < 2 and method != SYNC:
+    sync = synchronous(method)
+    if world_size < 2 and not sync:
         raise UsageError(
             f"needs at least 2 MPI ranks (1 master + workers), got {world_size}: "
             "launch with e.g. mpirun -n 5 python -m gem_mpi.train"
@@ -105,22 +106,23 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         raise UsageError(f"--gem-proxy {cfg.optim.gem_proxy} is GEM's: --method {method} has "
                          "no proxy (use --method gem)")
     masters = cfg.runtime.masters
-    if method == SYNC and masters != 1:
-        raise UsageError(f"--masters {masters} is for the asynchronous methods: --method sync "
-                         "has no master (every rank is a worker)")
-    if method != SYNC and masters >= 1 and world_size <= masters:
+    if sync and masters != 1:
+        raise UsageError(f"--masters {masters} is for the asynchronous methods: --method "
+                         f"{method} has no master (every rank is a worker)")
+    if not sync and masters >= 1 and world_size <= masters:
         raise UsageError(f"--masters {masters} needs at least {masters + 1} MPI ranks (the "
                          f"masters and a worker), got {world_size}: launch with e.g. mpirun "
                          f"-n {masters + 4} python -m gem_mpi.train")
-    if method == SYNC and cfg.optim.worker_mode != WAIT:
-        raise UsageError("--worker-mode is for the asynchronous methods: --method sync has no "
-                         "master to pipeline against (every step waits for every worker)")
-    if method == SYNC and cfg.optim.wire != WIRE_F32:
+    if sync and cfg.optim.worker_mode != WAIT:
+        raise UsageError(f"--worker-mode is for the asynchronous methods: --method {method} "
+                         "has no master to pipeline against (every step waits for every "
+                         "worker)")
+    if sync and cfg.optim.wire != WIRE_F32:
         raise UsageError(f"--wire {cfg.optim.wire} is for the asynchronous methods: --method "
-                         "sync averages gradients with Horovod and sends no update to a master")
-    if method == SYNC and model == QUADRATIC:
-        raise UsageError("--method sync trains torch models (Horovod): --model quadratic is "
-                         "for the asynchronous methods only")
+                         f"{method} averages gradients and sends no update to a master")
+    if sync and model == QUADRATIC:
+        raise UsageError(f"--method {method} trains torch models: --model quadratic is for "
+                         "the asynchronous methods only")
     _check_fields(cfg)
     _check_step_options(cfg)
     if method == GEM and cfg.optim.gem_proxy == PROXY_GLOBAL:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gem_mpi import protocol
-from gem_mpi.config import SYNC, Config
+from gem_mpi.config import Config, synchronous
 from gem_mpi.errors import OutputError
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.metrics import MetricsWriter
@@ -243,7 +243,7 @@ class RunSupervisor:
         self.engine, self.noun = engine, engine.noun
         self.problem, self.n_workers, self.stop = problem, n_workers, stop
         noun = self.noun
-        self.remedy = "Lower --lr" if cfg.method == SYNC else "Lower --lr (or --kappa)"
+        self.remedy = "Lower --lr" if synchronous(cfg.method) else "Lower --lr (or --kappa)"
         self.evaluator = Evaluator(cfg.data, cfg.monitor, eval_problem or problem, noun=noun,
                                    threads=eval_threads)
         # the run's id: drawn at its first start, kept by its checkpoints and metrics file
@@ -262,7 +262,7 @@ class RunSupervisor:
                 kernel_name, resume_rows=rows, min_free_bytes=self.monitor.min_free_bytes,
                 run_id=self.run_id, resume_log=log, masters=cfg.runtime.masters,
                 resume_shard_rows=None if shard_rows is None else list(shard_rows),
-                wire_bytes=None if cfg.method == SYNC else protocol.update_payload(
+                wire_bytes=None if synchronous(cfg.method) else protocol.update_payload(
                     cfg.optim, problem.n_params).wire_bytes,
             )
         self.progress = ProgressLine(self.monitor.log_every, unit="upd" if noun == "update"
