@@ -170,8 +170,9 @@ def gap_step_numpy(theta: np.ndarray, delta: np.ndarray, s: np.ndarray, ga: GapA
     the mean of 1/P, or None when rejected (θ and v untouched). ``delta`` may be bf16 bits
     (uint16, --wire bf16): widened exactly first."""
     delta = widen(delta)
-    v = ga.decay * ga.v
-    v += ga.gain * (delta * delta)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing v is rejected below
+        v = ga.decay * ga.v
+        v += ga.gain * (delta * delta)
     if not (np.isfinite(delta).all() and np.isfinite(s).all() and np.isfinite(v).all()):
         return None
     ga.v[...] = v
