@@ -253,6 +253,41 @@ bool fixed_step(const py::object& theta_o, const py::object& delta_o, float scal
                              threads);
 }
 
+// Returns the mean of 1/p over the elements, or None when the update was rejected.
+py::object gap_step(const py::object& theta_o, const py::object& delta_o, const py::object& s_o,
+                    const py::object& v_o, float decay, float gain, float bias, float eps,
+                    int threads) {
+  const char* fn = "gap_step";
+  F32 theta = as_vector(fn, "theta", theta_o, true);
+  const py::ssize_t n = theta.size();
+  F32 s = as_vector(fn, "s", s_o, false);
+  check_size(fn, "s", s, n);
+  F32 v = as_vector(fn, "v", v_o, true);
+  check_size(fn, "v", v, n);
+  if (threads < 1 || !(bias > 0.0f) || !(eps > 0.0f) || !(decay >= 0.0f && decay < 1.0f)) {
+    throw py::value_error("gap_step: needs 0 <= decay < 1, bias > 0, eps > 0, threads >= 1");
+  }
+  float* theta_p = theta.mutable_data();
+  const gem_mpi::GapAware ga{v.mutable_data(), decay, gain, bias, eps};
+  double sum = 0.0;
+  bool ok;
+  if (is_bits(delta_o)) {  // --wire bf16
+    U16 delta = as_bits(fn, "delta", delta_o, false);
+    check_size(fn, "delta", delta, n);
+    py::gil_scoped_release nogil;
+    ok = gem_mpi::gap_step(theta_p, delta.data(), s.data(), static_cast<std::size_t>(n), ga,
+                           &sum, threads);
+  } else {
+    F32 delta = as_vector(fn, "delta", delta_o, false);
+    check_size(fn, "delta", delta, n);
+    py::gil_scoped_release nogil;
+    ok = gem_mpi::gap_step(theta_p, delta.data(), s.data(), static_cast<std::size_t>(n), ga,
+                           &sum, threads);
+  }
+  if (!ok) return py::none();
+  return py::float_(n > 0 ? sum / static_cast<double>(n) : 0.0);
+}
+
 // The bf16 rounding modes, as _core.BF16_NEAREST_EVEN / BF16_TOWARD_ZERO.
 void to_bf16(const py::object& src_o, const py::object& dst_o, int mode) {
   const char* fn = "to_bf16";
@@ -379,6 +414,18 @@ leaves m untouched too. The GIL is released.)doc");
 theta += float32(scale) * delta in place (DOWNPOUR, adaptive staleness; delta float32 or
 uint16 bf16 bits, widened exactly), bit-identical to
 numpy; returns False, writing nothing, when delta holds a NaN or Inf.)doc");
+
+  m.def("gap_step", &gap_step, py::arg("theta"), py::arg("delta"), py::arg("s"), py::arg("v"),
+        py::arg("decay"), py::arg("gain"), py::arg("bias"), py::arg("eps"),
+        py::arg("threads") = 1,
+        R"doc(gap_step(theta, delta, s, v, decay, gain, bias, eps, threads=1) -> float | None
+
+One Gap-Aware step in place on theta and v (1-D float32 of one size; delta float32 or uint16
+bf16 bits, widened exactly): v = decay*v + gain*delta^2, c = sqrt(v/bias) + eps,
+p = |theta - s|/c + 1, theta += delta/p, each a float32 rounding in that order, bit-identical
+to gem_mpi.algorithm.kernel.gap_step_numpy for every thread count. Returns the mean of 1/p,
+or None, writing nothing, when delta, s or the new v holds a NaN or Inf. The GIL is
+released.)doc");
 
   m.def("to_bf16", &to_bf16, py::arg("src"), py::arg("dst"), py::arg("mode"),
         "to_bf16(src, dst, mode): dst (uint16, same size) = the bf16 bits of src (float32), "

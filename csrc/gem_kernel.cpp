@@ -317,6 +317,74 @@ bool gem_step_t(float* theta, const W* delta, const W* a, const float* s, float*
   return true;
 }
 
+// Gap-Aware's average of the squared steps, v_new = decay * v + gain * (d * d): three float32
+// roundings in the numpy reference's order, never fused.
+inline float ga_fold(float v, float d, float decay, float gain) noexcept {
+  const float sq = d * d;
+  const float decayed = decay * v;
+  return decayed + gain * sq;
+}
+
+// Whether Δθ, s and every v_new of [b, e) are finite (nothing is written).
+template <class W>
+GEM_MPI_CLONES bool finite_gap_range(const W* d, const float* s, const float* v, float decay,
+                                     float gain, std::size_t b, std::size_t e) noexcept {
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (std::size_t i = b; i < e; ++i) {
+    const float dv = wide(d[i]);
+    acc += (dv * 0.0f + s[i] * 0.0f) + ga_fold(v[i], dv, decay, gain) * 0.0f;
+  }
+  return acc == 0.0f;
+}
+
+// The Gap-Aware step on [b, e); returns the sum of 1/p there (per-block float sums in double).
+template <class W>
+GEM_MPI_CLONES double gap_range(float* theta, const W* delta, const float* s, GapAware ga,
+                                std::size_t b, std::size_t e) noexcept {
+  double total = 0.0;
+  for (std::size_t base = b; base < e; base += kBlock) {
+    const std::size_t m = std::min(kBlock, e - base);
+    float* th = theta + base;
+    float* vv = ga.v + base;
+    const W* d = delta + base;
+    const float* ss = s + base;
+    float block = 0.0f;
+#pragma omp simd reduction(+ : block)
+    for (std::size_t k = 0; k < m; ++k) {
+      const float dv = wide(d[k]);
+      const float vn = ga_fold(vv[k], dv, ga.decay, ga.gain);
+      vv[k] = vn;
+      const float c = std::sqrt(vn / ga.bias) + ga.eps;
+      float p = std::fabs(th[k] - ss[k]) / c;
+      p = p + 1.0f;
+      th[k] = th[k] + dv / p;
+      block += 1.0f / p;
+    }
+    total += static_cast<double>(block);
+  }
+  return total;
+}
+
+template <class W>
+bool gap_step_t(float* theta, const W* delta, const float* s, std::size_t n, GapAware ga,
+                double* scale_sum, int threads) {
+  if (!all_ranges_mt(n, threads, [&](std::size_t b, std::size_t e) {
+        return finite_gap_range(delta, s, ga.v, ga.decay, ga.gain, b, e);
+      })) {
+    return false;
+  }
+  const int t = std::max(1, threads);
+  std::vector<double> part(static_cast<std::size_t>(t), 0.0);
+  parallel_ranges(n, t, [&](std::size_t b, std::size_t e, int w) {
+    part[static_cast<std::size_t>(w)] = gap_range(theta, delta, s, ga, b, e);
+  });
+  double total = 0.0;
+  for (double x : part) total += x;  // in thread order
+  *scale_sum = total;
+  return true;
+}
+
 template <class W>
 bool fixed_step_t(float* theta, const W* delta, std::size_t n, float scale, int threads) {
   if (!all_finite_mt(delta, delta, delta, n, threads)) return false;
@@ -361,6 +429,16 @@ bool gem_step(float* theta, const std::uint16_t* delta, const std::uint16_t* a,
               double* sums, std::int64_t* counts, int threads, const GlobalProxy* proxy) {
   return gem_step_t(theta, delta, a, s, keep, n, offsets, n_tensors, eps, pi_max, hist, sums,
                     counts, threads, proxy);
+}
+
+bool gap_step(float* theta, const float* delta, const float* s, std::size_t n, GapAware ga,
+              double* scale_sum, int threads) {
+  return gap_step_t(theta, delta, s, n, ga, scale_sum, threads);
+}
+
+bool gap_step(float* theta, const std::uint16_t* delta, const float* s, std::size_t n,
+              GapAware ga, double* scale_sum, int threads) {
+  return gap_step_t(theta, delta, s, n, ga, scale_sum, threads);
 }
 
 void gem_summary(const std::int64_t* hist, const double* sums, const std::int64_t* counts,

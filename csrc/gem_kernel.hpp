@@ -93,6 +93,29 @@ bool fixed_step(float* theta, const float* delta, std::size_t n, float scale, in
 bool fixed_step(float* theta, const std::uint16_t* delta, std::size_t n, float scale,
                 int threads);
 
+// Gap-Aware (--method gap-aware) for the master's t-th applied update: v is the master's
+// moving average of the squared incoming steps (n floats, read and written); bias is
+// float32(1 - decay^t), computed by the caller. Per element, each a float32 rounding in this
+// order (the numpy reference gap_step_numpy's):
+//   v_new = decay * v[i] ;  v_new = v_new + gain * (delta[i] * delta[i])
+//   c = sqrt(v_new / bias) + eps ;  p = |theta[i] - s[i]| / c ;  p = p + 1
+//   theta[i] = theta[i] + delta[i] / p
+// unless delta, s or some v_new is not finite: then nothing is written and false is
+// returned. *scale_sum receives the sum of 1 / p (float32 terms, per-block float sums added
+// in double: its rounding depends on threads; theta and v do not).
+struct GapAware {
+  float* v;
+  float decay;
+  float gain;  // float32(1 - decay)
+  float bias;
+  float eps;
+};
+bool gap_step(float* theta, const float* delta, const float* s, std::size_t n, GapAware ga,
+              double* scale_sum, int threads);
+// The same with --wire bf16: delta is bf16 bits, widened exactly.
+bool gap_step(float* theta, const std::uint16_t* delta, const float* s, std::size_t n,
+              GapAware ga, double* scale_sum, int threads);
+
 // A worker's --wire bf16 conversion, on one thread (a worker's core is its own):
 // dst[i] = the bf16 bits of src[i], rounded to nearest even (Δθ) or toward zero (κ|m|: never
 // above it, so the energy budget never exceeds the proxy's). A NaN stays a NaN (its sign

@@ -22,7 +22,8 @@ from gem_mpi.errors import UsageError
 
 # --- the vocabularies: every module takes its names from here -----------------------------
 GEM, DOWNPOUR, ADAPTIVE = "gem", "downpour", "adaptive"
-ASYNC_METHODS = (GEM, DOWNPOUR, ADAPTIVE)  # applied by the master on rank 0
+GAP_AWARE = "gap-aware"  # Barkai et al., ICLR 2020: Δθ divided by 1 + |θ − s|/C per element
+ASYNC_METHODS = (GEM, DOWNPOUR, ADAPTIVE, GAP_AWARE)  # applied by the master on rank 0
 SYNC = "sync"  # synchronous momentum SGD on Horovod: every rank a worker, no master
 DDP = "ddp"  # the same on torch.distributed's DistributedDataParallel
 SYNC_METHODS = (SYNC, DDP)
@@ -134,6 +135,13 @@ class OptimConfig:
                          "no m and do not send κ|m| (with one worker it is 'local' exactly); "
                          "--method gem only, with either --gem-shift and --worker-mode",
                          check=(lambda v: v in GEM_PROXIES, f"one of {', '.join(GEM_PROXIES)}"))
+    ga_decay: float = opt(0.999, "--method gap-aware: decay γ of the master's per-element "
+                          "moving average v ← γv + (1 − γ)Δθ² of the incoming steps; "
+                          "C = √(v/(1 − γ^t)) + ε is the typical step a gap is measured "
+                          "in (0: the current step alone); in [0, 1)", check=FRACTION_F32)
+    ga_eps: float = opt(1e-8, "--method gap-aware: ε added to C (θ's units), so that a "
+                        "parameter that never moved is not divided by 0 (> 0)",
+                        check=POSITIVE_F32)
     wire: str = opt(WIRE_F32, "how a worker sends Δθ and GEM's κ|m|: 'float32', or 'bf16' "
                     "(half the bytes: Δθ rounded to nearest even, κ|m| rounded toward zero "
                     "so it never exceeds the proxy; the master computes π from the values "

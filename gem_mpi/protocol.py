@@ -13,6 +13,7 @@ An update's payload is a run of float32 slots, its parts one after the other in 
 
     GEM       Δθ, κ|m|, s     s: the θ Δθ was computed on (see gem_mpi.algorithm.rule)
     GEM, global proxy   Δθ, s       the master keeps m and makes κ|m| itself
+    Gap-Aware Δθ, s           the master keeps its step average and measures |θ − s|
     others    Δθ              DOWNPOUR (π = 1), adaptive staleness (π = 1/(τ + 1))
 
 With ``--gem-shift paper`` the master *keeps* s in each worker's slot: while applying an
@@ -39,7 +40,15 @@ from typing import Any
 
 import numpy as np
 
-from gem_mpi.config import GEM, PROXY_GLOBAL, SHIFT_PAPER, WIRE_BF16, WIRE_F32, OptimConfig
+from gem_mpi.config import (
+    GAP_AWARE,
+    GEM,
+    PROXY_GLOBAL,
+    SHIFT_PAPER,
+    WIRE_BF16,
+    WIRE_F32,
+    OptimConfig,
+)
 
 # message kinds (a mailbox header's ``kind``)
 UPDATE = 1  # carries an update's payload
@@ -150,13 +159,16 @@ class UpdatePayload:
 
 def update_payload(optim: OptimConfig, n_params: int) -> UpdatePayload:
     """(Δθ, κ|m|, s) for GEM, (Δθ, s) with the global proxy (the master makes κ|m|), s kept
-    by the master under the paper's shift; Δθ otherwise. The wire is ``optim.wire``."""
+    by the master under the paper's shift; (Δθ, s) for Gap-Aware; Δθ otherwise. The wire
+    is ``optim.wire``."""
     wire = optim.wire
     if optim.method == GEM:
         kept = SHIFT_BASE if optim.gem_shift == SHIFT_PAPER else None
         if optim.gem_proxy == PROXY_GLOBAL:
             return UpdatePayload(n_params, (DELTA, SHIFT_BASE), kept, wire)
         return UpdatePayload(n_params, (DELTA, AMPLITUDE, SHIFT_BASE), kept, wire)
+    if optim.method == GAP_AWARE:
+        return UpdatePayload(n_params, (DELTA, SHIFT_BASE), None, wire)
     return UpdatePayload(n_params, (DELTA,), None, wire)
 
 
@@ -222,7 +234,8 @@ class ShardState:
     tickets: int
     next_seq: np.ndarray  # each worker's next update number
     kept_s: np.ndarray | None = None  # GEM paper's s, per worker (workers × parameters)
-    proxy_m: np.ndarray | None = None  # the global proxy's m
+    proxy_m: np.ndarray | None = None  # the master's own per-element state: GEM's global
+    # proxy m, or Gap-Aware's step average v
 
     @staticmethod
     def join(parts: list[ShardState]) -> dict[str, Any]:

@@ -134,6 +134,10 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint 
             and getattr(resumed.proxy_m, "shape", None) != (problem.n_params,)):
         raise UsageError(f"--resume {resumed.path!r} holds no global proxy m of "
                          f"{problem.n_params} parameters (--gem-proxy global)")
+    if (resumed is not None and cfg.method == config.GAP_AWARE
+            and getattr(resumed.proxy_m, "shape", None) != (problem.n_params,)):
+        raise UsageError(f"--resume {resumed.path!r} holds no Gap-Aware step average of "
+                         f"{problem.n_params} parameters")
     if config.synchronous(cfg.method):
         return run_sync(cfg, comm, problem, placement, stop, resumed, result)
     plan = shards.plan(cfg, problem, n_workers)

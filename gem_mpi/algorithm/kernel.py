@@ -1,4 +1,4 @@
-"""The master's half of the update rules, fused: GEM, DOWNPOUR and adaptive staleness.
+"""The master's half of the update rules, fused: GEM, DOWNPOUR, adaptive staleness, Gap-Aware.
 
 The numpy functions here are the reference implementation, kept forever; the C++ extension
 (``_core``) computes the same float32 operations on θ in the same order, fused into one pass
@@ -27,6 +27,19 @@ with :func:`to_bf16`: Δθ to nearest even, ``a`` toward zero). Every step widen
 to float32 and runs the float32 arithmetic above on the widened values, so π comes from what
 was sent, θ ← θ + π·q, and the statistics (a², the Δθ = 0 count) are those of the widened
 values; s, θ and the global proxy's m stay float32.
+
+Gap-Aware (``--method gap-aware``, :class:`GapAware`) divides Δθ element-wise by a penalty
+that grows with the gap G = |θ − s| between the master's θ and the θ Δθ was computed at,
+measured in C, an estimate of one parameter's typical step kept at the master: a moving
+average v of the squared incoming steps (θ-sized, float32). For the master's t-th applied
+update (t = its clock + 1), in float32, one rounding per operation, in this order::
+
+    v ← γ·v + g·(Δθ·Δθ)        g = float32(1 − γ)        (the unscaled Δθ, as sent)
+    C = √(v / b_t) + ε          b_t = float32(1 − γ^t)   (bias correction, float64 power)
+    P = 1 + |θ − s| / C;   θ ← θ + Δθ / P
+
+An update whose Δθ or s holds a NaN or an Inf, or whose v would overflow, is rejected whole:
+θ and v untouched. Its statistic: the mean of 1/P over the elements (``ga_scale_mean``).
 
 Statistics per tensor: exact counts of the clamped elements (π ≤ 0, π ≥ π_max) and of the
 elements with Δθ = 0 (they do not move whatever π is, and their π, (a − |θ − s|)/ε, is
@@ -122,6 +135,62 @@ class GlobalProxy:
         a = np.abs(m)
         a *= self.kappa
         return m, a
+
+
+@dataclass
+class GapAware:
+    """Gap-Aware's state at the master: v, the moving average of the squared incoming steps
+    (float32, θ's size, the kernel writes it), and the float32 constants of
+    v ← decay·v + gain·Δθ², C = √(v / b_t) + eps (:func:`ga_bias` gives b_t)."""
+
+    v: np.ndarray
+    decay: np.float32
+    gain: np.float32  # float32(1 − decay)
+    eps: np.float32
+
+    @classmethod
+    def of(cls, v: np.ndarray, decay: float, eps: float) -> GapAware:
+        d = np.float32(decay)
+        return cls(v, d, np.float32(1.0 - float(d)), np.float32(eps))
+
+    def bias(self, t: int) -> np.float32:
+        """b_t = 1 − γ^t for the t-th update (t ≥ 1), computed in float64 and rounded once."""
+        return ga_bias(self.decay, t)
+
+
+def ga_bias(decay: np.float32, t: int) -> np.float32:
+    """Adam's bias correction of a moving average started at 0: float32(1 − γ^t), γ^t in
+    float64 from the float32 γ (the replay and both kernels take this one value)."""
+    return np.float32(1.0 - float(decay) ** max(int(t), 1))
+
+
+def gap_step_numpy(theta: np.ndarray, delta: np.ndarray, s: np.ndarray, ga: GapAware,
+                   t: int) -> float | None:
+    """Reference Gap-Aware step, in place on θ and ``ga.v``, for the master's t-th update;
+    the mean of 1/P, or None when rejected (θ and v untouched). ``delta`` may be bf16 bits
+    (uint16, --wire bf16): widened exactly first."""
+    delta = widen(delta)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing v is rejected below
+        v = ga.decay * ga.v
+        v += ga.gain * (delta * delta)
+    if not (np.isfinite(delta).all() and np.isfinite(s).all() and np.isfinite(v).all()):
+        return None
+    ga.v[...] = v
+    c = np.sqrt(v / ga.bias(t))
+    c += ga.eps
+    penalty = np.abs(theta - s)
+    with np.errstate(over="ignore"):  # a gap of many C: P = inf, the element does not move
+        penalty /= c
+    penalty += np.float32(1.0)
+    theta += delta / penalty
+    return float(np.sum(np.float32(1.0) / penalty, dtype=np.float64)) / max(theta.size, 1)
+
+
+@dataclass
+class GapStats:
+    """What the metrics record of one Gap-Aware step."""
+
+    scale_mean: float  # the mean over the elements of 1/P, the share of Δθ applied
 
 
 def gem_step_numpy(
@@ -363,6 +432,18 @@ class Kernel:
         self.extension.gem_summary(self._hist, self._sums, self._counts, self.sizes,
                                    float(pi_max), per_tensor, scalars)
         return GemStats(*per_tensor, *scalars.tolist())
+
+    def gap_step(self, theta: np.ndarray, delta: np.ndarray, s: np.ndarray, ga: GapAware,
+                 t: int) -> GapStats | None:
+        """One Gap-Aware step for the master's t-th applied update (t ≥ 1); None when it was
+        rejected (θ and v untouched)."""
+        if self.extension is not None:
+            mean = self.extension.gap_step(theta, delta, s, ga.v, float(ga.decay),
+                                           float(ga.gain), float(ga.bias(t)), float(ga.eps),
+                                           self.threads)
+        else:
+            mean = gap_step_numpy(theta, delta, s, ga, t)
+        return None if mean is None else GapStats(mean)
 
     def zero(self, x: np.ndarray) -> None:
         """x[:] = 0 (1-D float32, fresh memory the kernel will stream as one of its θ-long

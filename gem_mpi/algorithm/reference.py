@@ -19,6 +19,11 @@ With ``wire="bf16"`` the replay rounds as the worker does (the numpy reference o
 conversion, itself held to torch's bf16 rounding by the tests): q = bf16(Δθ) to nearest even,
 a = bf16(κ|m|) toward zero, m folding the float32 Δθ; π from q and a, θ ← θ + π·q (the
 baselines θ ← θ + scale·q; the global proxy folds q into its m and makes a in float32).
+
+Gap-Aware keeps one v across the whole log, every applied update's unscaled Δθ (q on the bf16
+wire) folded into it in clock order, and takes the gap against θ just before the update:
+v ← γ·v + (1 − γ)·Δθ², C = √(v / (1 − γ^t)) + ε (t: the update's clock + 1),
+θ ← θ + Δθ / (1 + |θ − s|/C).
 """
 
 from __future__ import annotations
@@ -28,11 +33,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gem_mpi.algorithm.kernel import BF16_NEAREST_EVEN, BF16_TOWARD_ZERO, to_bf16_numpy, widen
+from gem_mpi.algorithm.kernel import (
+    BF16_NEAREST_EVEN,
+    BF16_TOWARD_ZERO,
+    ga_bias,
+    to_bf16_numpy,
+    widen,
+)
 from gem_mpi.algorithm.rule import global_decay
 from gem_mpi.algorithm.stepsize import Schedule, clip
 from gem_mpi.config import (
     ADAPTIVE,
+    GAP_AWARE,
     GEM,
     PROXY_GLOBAL,
     PROXY_LOCAL,
@@ -65,19 +77,22 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
            eps: float = 1e-16, keep_pi: bool = False, window: int = 1000,
            shift: str = SHIFT_OTHERS, proxy: str = PROXY_LOCAL,
            n_workers: int | None = None, schedule: Schedule | None = None,
-           clip_norm: float = 0.0, wire: str = WIRE_F32) -> Replay:
+           clip_norm: float = 0.0, wire: str = WIRE_F32, ga_decay: float = 0.999,
+           ga_eps: float = 1e-8) -> Replay:
     """Replay the applied updates of ``log`` (columns worker, version_pulled, staleness, in
     clock order; and seq with a ``schedule``) on ``q``. Only the last ``window`` versions of
     θ are kept for the pulls. ``n_workers``: the run's (the global proxy's decay depends on
     it; default: the workers in the log). ``schedule``: η of each worker's step (default:
     ``lr`` throughout); ``clip_norm``: the gradient's clipping (0: none); ``wire``: the
-    run's --wire."""
+    run's --wire; ``ga_decay``, ``ga_eps``: Gap-Aware's γ and ε."""
     bf16 = wire == WIRE_BF16
     theta = q.theta0()
     if n_workers is None:
         n_workers = len(set(log["worker"].tolist()))
     mu_g, gain = global_decay(momentum, n_workers)
     m_global = np.zeros(q.dim, f32)
+    gamma = f32(ga_decay)
+    v = np.zeros(q.dim, f32)  # Gap-Aware's average of the squared steps
     versions = {0: theta}
     targets: dict[int, np.ndarray] = {}
     m: dict[int, np.ndarray] = {}
@@ -111,6 +126,12 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
             if keep_pi:
                 out.pis.append(pi)
             theta = theta + pi * sent
+        elif method == GAP_AWARE:
+            v = gamma * v + f32(1.0 - float(gamma)) * (sent * sent)
+            c = np.sqrt(v / ga_bias(gamma, clock + 1)) + f32(ga_eps)
+            with np.errstate(over="ignore"):
+                penalty = np.abs(theta - s) / c + f32(1.0)
+            theta = theta + sent / penalty
         else:
             scale = 1.0 / (tau + 1.0) if method == ADAPTIVE else 1.0
             theta = theta + f32(scale) * sent

@@ -32,7 +32,10 @@ them like one step of μ, and c makes a constant Δθ build the proxy's own |m| 
 (the round's updates are averaged into the step, not summed). With one worker μ_g = μ and
 c = 1 exactly: local GEM, bit for bit (:func:`global_decay`).
 
-DOWNPOUR (π = 1) and adaptive staleness (π = 1/(τ + 1)) send Δθ alone.
+DOWNPOUR (π = 1) and adaptive staleness (π = 1/(τ + 1)) send Δθ alone. Gap-Aware
+(``--method gap-aware``, Barkai, Hakimi and Schuster, ICLR 2020) sends (Δθ, s) and keeps no
+worker state: the master divides Δθ element-wise by P = 1 + |θ − s|/C, C its per-element
+running RMS of the incoming steps (:class:`gem_mpi.algorithm.kernel.GapAware`).
 
 ``--wire bf16`` halves the bytes of Δθ and κ|m| and keeps the energy rule exact: the worker
 sends q = bf16(Δθ) rounded to nearest even and a = κ|m| rounded *toward zero* (so a never
@@ -57,12 +60,14 @@ import numpy as np
 from gem_mpi.algorithm.kernel import (
     BF16_NEAREST_EVEN,
     BF16_TOWARD_ZERO,
+    GapAware,
+    GapStats,
     GemStats,
     GlobalProxy,
     Kernel,
     to_bf16,
 )
-from gem_mpi.config import ADAPTIVE, GEM, PROXY_GLOBAL, WIRE_BF16, OptimConfig
+from gem_mpi.config import ADAPTIVE, GAP_AWARE, GEM, PROXY_GLOBAL, WIRE_BF16, OptimConfig
 from gem_mpi.protocol import SHIFT_BASE, update_payload
 
 
@@ -165,7 +170,9 @@ class WorkerRule:
         self.gem = optim.method == GEM
         local = self.gem and optim.gem_proxy != PROXY_GLOBAL
         self.momentum = Momentum.zeros_like(like, optim, extension) if local else None
-        self.send_s_once = update_payload(optim, 0).kept == SHIFT_BASE  # the master keeps s
+        payload = update_payload(optim, 0)
+        self.with_s = SHIFT_BASE in payload.parts  # GEM and Gap-Aware: the master needs s
+        self.send_s_once = payload.kept == SHIFT_BASE  # the master keeps s
         self.sent_s = resumed
         # --wire bf16: the rule's own uint16 buffers for q = bf16(Δθ) and a = bf16(κ|m|), in
         # two sets used in turn, so that update k's payload stays intact while update k+1's
@@ -179,12 +186,12 @@ class WorkerRule:
     @property
     def sends_s(self) -> bool:
         """Whether the next payload carries s (so the caller must keep it intact till then)."""
-        return self.gem and not (self.send_s_once and self.sent_s)
+        return self.with_s and not (self.send_s_once and self.sent_s)
 
     def payload(self, delta: np.ndarray, s: np.ndarray, delta_on_device: Any = None,
                 to_host: Callable[[Any], np.ndarray] = np.asarray) -> tuple[np.ndarray, ...]:
-        """(Δθ, κ|m|, s) for GEM, after folding Δθ into m; (Δθ, s) with the global proxy;
-        (Δθ,) otherwise. ``delta`` and ``s`` are host arrays; m lives beside
+        """(Δθ, κ|m|, s) for GEM, after folding Δθ into m; (Δθ, s) with the global proxy and
+        for Gap-Aware; (Δθ,) otherwise. ``delta`` and ``s`` are host arrays; m lives beside
         ``delta_on_device`` (default: ``delta``). With --wire bf16, Δθ and κ|m| are sent as
         uint16 bf16 bits of θ's length, in the rule's buffers (see __init__: valid until
         the payload after next is made).
@@ -196,7 +203,7 @@ class WorkerRule:
             a = to_host(self.momentum.fold(delta if delta_on_device is None
                                            else delta_on_device))
         parts = self._wire_parts(delta, a)
-        if not self.gem or (self.send_s_once and self.sent_s):
+        if not self.with_s or (self.send_s_once and self.sent_s):
             return parts
         self.sent_s = True
         return (*parts, s)
@@ -233,10 +240,18 @@ class MasterRule:
             kernel.zero(m)  # streamed in every update: first-touched by the kernel's threads
             self.proxy = GlobalProxy(m, *global_decay(optim.momentum, n_workers),
                                      np.float32(optim.kappa))
+        self.gap: GapAware | None = None  # Gap-Aware's average of the squared steps, v
+        if self.method == GAP_AWARE:
+            v = np.empty(n_params, np.float32)
+            kernel.zero(v)
+            self.gap = GapAware.of(v, optim.ga_decay, optim.ga_eps)
 
     @property
     def proxy_m(self) -> np.ndarray | None:
-        """The global proxy's m (a checkpoint holds it), None with the local proxy."""
+        """The master's own per-element state, which a checkpoint holds (as ``proxy_m``):
+        the global proxy's m, or Gap-Aware's v; None for the other rules."""
+        if self.gap is not None:
+            return self.gap.v
         return None if self.proxy is None else self.proxy.m
 
     def kept(self, payloads: np.ndarray) -> np.ndarray | None:
@@ -247,11 +262,17 @@ class MasterRule:
         span = self.payload.kept_span
         return None if span is None else payloads[:, span[0]:span[1]]
 
-    def apply(self, theta: np.ndarray, payload: np.ndarray,
-              staleness: int) -> tuple[bool, GemStats | None]:
-        """θ ← θ + π·Δθ in place; (applied, GEM statistics or None). Not applied: θ untouched.
-        Under the paper's shift the kernel writes θ before the update into the slot's kept s
-        (``payload`` is a view of the slot); with the global proxy it folds Δθ into m."""
+    def apply(self, theta: np.ndarray, payload: np.ndarray, staleness: int,
+              clock: int = 0) -> tuple[bool, GemStats | GapStats | None]:
+        """θ ← θ + π·Δθ in place; (applied, the rule's statistics or None). Not applied: θ
+        untouched. Under the paper's shift the kernel writes θ before the update into the
+        slot's kept s (``payload`` is a view of the slot); with the global proxy it folds Δθ
+        into m. ``clock``: the updates this master applied before (Gap-Aware's bias
+        correction takes t = clock + 1)."""
+        if self.gap is not None:
+            delta, s = self.payload.split(payload)
+            gstats = self.kernel.gap_step(theta, delta, s, self.gap, clock + 1)
+            return gstats is not None, gstats
         if self.method == GEM:
             if self.proxy is not None:
                 (delta, s), a = self.payload.split(payload), None

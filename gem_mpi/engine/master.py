@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gem_mpi.algorithm.kernel import GemStats, Kernel, kernel_threads, node_cores_left
+from gem_mpi.algorithm.kernel import GapStats, GemStats, Kernel, kernel_threads, node_cores_left
 from gem_mpi.algorithm.rule import MasterRule
-from gem_mpi.config import GEM, PROXY_GLOBAL, Config
+from gem_mpi.config import GAP_AWARE, GEM, PROXY_GLOBAL, Config
 from gem_mpi.engine.shards import Lead, Plan
 from gem_mpi.errors import OutputError
 from gem_mpi.outputs import checkpoint
@@ -68,7 +68,7 @@ class Applied:
     staleness: int
     apply_s: float
     time: float  # seconds since the run started
-    stats: GemStats | None
+    stats: GemStats | GapStats | None
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,7 @@ class Master:
         if kept is not None and ckpt.kept_s is not None:
             kept[...] = ckpt.kept_s  # before any message is taken
         proxy_m = self.rule.proxy_m
-        if proxy_m is not None:  # the global proxy's m (session checked the checkpoint has it)
+        if proxy_m is not None:  # the global proxy's m or Gap-Aware's v (session checked it)
             proxy_m[...] = ckpt.proxy_m
 
     def run(self) -> Outcome:
@@ -331,7 +331,7 @@ class Master:
                 continue
             staleness = self.clock - msg.version
             t = clock_fn()
-            ok, stats = self.rule.apply(self.ep.theta, msg.payload, staleness)
+            ok, stats = self.rule.apply(self.ep.theta, msg.payload, staleness, self.clock)
             apply_s = clock_fn() - t
             apply_total += apply_s
             batch.append(Applied(msg.rank, msg.seq, msg.ticket, msg.version, msg.loss,
@@ -376,7 +376,9 @@ class Master:
                        "version_pulled": u.version_pulled, "clock": u.clock,
                        "staleness": u.staleness, "loss": u.loss, "queue": queue,
                        "compute_s": u.compute_s, "apply_s": u.apply_s}
-                if u.stats is not None:
+                if isinstance(u.stats, GapStats):
+                    row["ga_scale_mean"] = u.stats.scale_mean
+                elif u.stats is not None:
                     s = u.stats
                     full = self._full
                     row.update(pi_median=full(s.pi_median), clamp_frac=full(s.clamp_frac),
@@ -466,6 +468,8 @@ def _changes_note(ckpt: checkpoint.Checkpoint) -> str:
 
 def _momentum_note(cfg: Config, ckpt: checkpoint.Checkpoint) -> str:
     """How many GEM workers will find the momentum they saved when the run was stopped."""
+    if cfg.method == GAP_AWARE:
+        return ", Gap-Aware's step average v restored from the checkpoint"
     if cfg.method != GEM:
         return ""
     if cfg.optim.gem_proxy == PROXY_GLOBAL:

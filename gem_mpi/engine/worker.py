@@ -455,7 +455,7 @@ def _pipelined_order(w: _Worker, start_seq: int, version: object) -> tuple[bool,
     while this one was computed; wait for its slot, then θ ← pull(), commit Δθ, s ← θ. m
     folds Δθ only then, so a stop during the wait leaves m one fold ahead at most."""
     ep, split = w.ep, w.split
-    s_copy = np.empty_like(ep.theta) if w.rule.gem else None
+    s_copy = np.empty_like(ep.theta) if w.rule.with_s else None
     for seq in range(start_seq, w.steps_fn.steps):
         delta, loss, compute_s = w.compute(seq)
         if not ep.wait_slot_free():

@@ -26,7 +26,8 @@ stopped (SIGUSR1/SIGTERM), each GEM worker writes its own file beside the checkp
 updates the checkpoint counts for that worker. After a crash, the periodic checkpoint has
 no such files and m restarts at 0; the updates applied after the checkpoint are done again.
 With the global proxy (``--gem-proxy global``) m is the master's: every checkpoint holds it
-(``proxy_m``), so a resume continues it exactly after a stop and after a crash alike.
+(``proxy_m``), so a resume continues it exactly after a stop and after a crash alike; so
+does Gap-Aware's average of the squared steps v (``--method gap-aware``), in the same field.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class Checkpoint:
     tickets: int | None = None  # tickets drawn (asynchronous)
     next_seq: np.ndarray | None = None  # each worker's next update number (asynchronous)
     kept_s: np.ndarray | None = None
-    proxy_m: np.ndarray | None = None
+    proxy_m: np.ndarray | None = None  # the master's per-element state: m, or Gap-Aware's v
     momentum: np.ndarray | None = None  # synchronous: the optimizer's momentum buffer
     shard_clock: np.ndarray | None = None  # --masters K > 1: each shard's clock and tickets
     shard_tickets: np.ndarray | None = None

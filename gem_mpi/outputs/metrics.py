@@ -48,6 +48,8 @@ GEM_COLUMNS = [
     ("energy_proxy", "f8"),  # ½‖κ m‖²
     ("pi_median_all", "f4"),  # median π over all parameters (kernel.pooled_median)
 ]
+# --method gap-aware: the mean over the elements of 1/P, the share of Δθ applied
+GAP_AWARE_COLUMNS = [("ga_scale_mean", "f4")]
 # --method sync: one row per synchronous step (every worker's gradient averaged); worker,
 # ticket, staleness, queue and the GEM columns have no meaning there and are not written
 SYNC_COLUMNS = [
@@ -203,6 +205,8 @@ class MetricsWriter:
             cols += [(n, d, ()) for n, d in GEM_COLUMNS]
             cols += [("pi_median", "f4", (k,)), ("clamp_frac", "f4", (k,)),
                      ("clamp_low", "f4", (k,)), ("zero_delta", "f4", (k,))]
+        if config["method"] == "gap-aware":
+            cols += [(n, d, ()) for n, d in GAP_AWARE_COLUMNS]
         self.updates = _Table(f.create_group("updates"), cols)
         f.attrs["masters"] = masters
         self.shard_tables = [_Table(f.create_group(f"shard{k}"), cols)

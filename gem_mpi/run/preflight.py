@@ -21,6 +21,7 @@ from gem_mpi.config import (
     AMP_OFF,
     COSINE,
     DATASETS,
+    GAP_AWARE,
     GEM,
     HOLDOUT_DATASETS,
     METHODS,
@@ -29,6 +30,7 @@ from gem_mpi.config import (
     PROXY_LOCAL,
     QUADRATIC,
     SECTIONS,
+    SHIFT_OTHERS,
     STEP,
     WAIT,
     WIRE_F32,
@@ -105,6 +107,10 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
     if method != GEM and cfg.optim.gem_proxy != PROXY_LOCAL:
         raise UsageError(f"--gem-proxy {cfg.optim.gem_proxy} is GEM's: --method {method} has "
                          "no proxy (use --method gem)")
+    if method == GAP_AWARE and cfg.optim.gem_shift != SHIFT_OTHERS:
+        raise UsageError(f"--gem-shift {cfg.optim.gem_shift} is GEM's: --method gap-aware "
+                         "measures its gap against the θ each update was computed at")
+    _check_gap_aware_options(cfg)
     masters = cfg.runtime.masters
     if sync and masters != 1:
         raise UsageError(f"--masters {masters} is for the asynchronous methods: --method "
@@ -162,6 +168,17 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
             _check_data(cfg, world_size)
             if is_plugin(model):  # the user's code: build it and try one batch
                 check_user_code(cfg.data, loss, cfg.data.batch_size)
+
+
+def _check_gap_aware_options(cfg: Config) -> None:
+    """--ga-decay and --ga-eps set for another method would be silently ignored: one line."""
+    if cfg.method == GAP_AWARE:
+        return
+    for name in ("ga_decay", "ga_eps"):
+        value = getattr(cfg.optim, name)
+        if value != OptimConfig.__dataclass_fields__[name].default:
+            raise UsageError(f"--{name.replace('_', '-')} {value} is Gap-Aware's: --method "
+                             f"{cfg.method} does not use it (use --method gap-aware)")
 
 
 def _check_global_decay(momentum: float, workers: int) -> None:
@@ -237,9 +254,11 @@ def _check_quadratic_memory(cfg: Config, world_size: int) -> None:
     with the global proxy, plus its one m)."""
     n, workers = cfg.data.quadratic_dim, n_workers(cfg, world_size)
     global_proxy = cfg.method == GEM and cfg.optim.gem_proxy == PROXY_GLOBAL
-    per_slot = (2 if global_proxy else 3) if cfg.method == GEM else 1
+    master_state = global_proxy or cfg.method == GAP_AWARE  # the master's m, or its v
+    per_slot = (2 if global_proxy else 3) if cfg.method == GEM else (
+        2 if cfg.method == GAP_AWARE else 1)
     # θ's window, θ₀, the problem's h and c, and numpy's float64 draws of them at the start
-    need = 4 * n * (workers * per_slot + 4 + global_proxy) + 8 * n
+    need = 4 * n * (workers * per_slot + 4 + master_state) + 8 * n
     total = _node_memory()
     if total and need > total:
         raise UsageError(
