@@ -255,6 +255,45 @@ def test_bench_gpu_matrix_adds_the_best_combination_and_its_mps_rows():
         combo_of("overlap:fp16:float32")
 
 
+def test_bench_gpu_prints_the_floor_per_worker_and_for_the_best_row(capsys):
+    """The GPU half of the printout, on a result made here (no GPU in CI): each worker's
+    share against the floor, the best row by images/s, MPS rows labelled, the verdict
+    never the exit status."""
+    split = dict.fromkeys(gpu.SHOWN, 0.1)
+
+    def row(mode: str, mps: str, shares: list[float], per_s: float) -> dict:
+        workers = [{**split, "worker": i + 1, "steps_per_s": per_s, "gpu": g,
+                    "gpu_floor_met": g >= gpu.GPU_FLOOR} for i, g in enumerate(shares)]
+        return {"mode": mode, "amp": "bf16", "wire": "float32", "mps": mps,
+                "kernel": "C++ extension", "apply_ms": 7.0, "updates": 300,
+                "job_s": 50.0, "updates_per_s": 30.0, "staleness": 2.0, "utilisation": 90.0,
+                "loss_first": 2.0, "loss_last": 0.1, "loss_fell": True, "theta_finite": True,
+                "master": dict.fromkeys(("wait", "apply", "mpi", "metrics"), 0.25),
+                "images_per_s": 64 * per_s * len(shares), "plain_images_per_s": 2000.0,
+                "efficiency": 64 * per_s * len(shares) / 2000.0,
+                "gpu_floor_met": all(g >= gpu.GPU_FLOOR for g in shares), "workers": workers}
+
+    result = {"machine": "m", "device": "NVIDIA H100", "torch": "t", "cuda": "c",
+              "workers": 3, "image_size": 224, "batch_size": 64, "lr": 0.01, "launcher": "l",
+              "mps": {"asked": "auto", "state": "on", "why": ""}, "plain_steps": 200,
+              "plain_images_per_s": {"bf16": 2000.0}, "gpu_floor": gpu.GPU_FLOOR, "ok": True,
+              "rows": [row("overlap", "off", [0.9, 0.8, 0.86], 9.0),
+                       row("overlap", "on", [0.9, 0.88, 0.86], 10.0)]}
+    gpu.print_gpu(result)
+    out = capsys.readouterr().out
+    assert "mps: on: its daemon started and served a CUDA client" in out
+    assert "overlap, amp bf16, float32 wire, mps off: gpu per worker 0.90, 0.80, 0.86: below " \
+           "it (worker 2)" in out
+    assert "overlap, amp bf16, float32 wire, mps on: gpu per worker 0.90, 0.88, 0.86: meets " \
+           "the floor" in out
+    assert ("the best row by images/s per GPU is overlap, amp bf16, float32 wire, mps on "
+            "(gpu per worker 0.90, 0.88, 0.86): met") in out
+    assert "3 workers × 10.00 steps/s × b 64 = 1920 images/s on the GPU against the plain " \
+           "loop's 2000 (amp bf16): efficiency 0.96" in out
+    assert [ln.split()[-1] for ln in out.splitlines() if ln.lstrip().startswith("overlap ")
+            and ln.split()[3] == "off"] == ["met", "below", "met"]
+
+
 @pytest.mark.mpi
 def test_bench_gpu_mps_daemon_is_checked_with_a_client_and_stopped(tmp_path, monkeypatch):
     """The MPS daemon's life, with a stand-in nvidia-cuda-mps-control on PATH (no GPU
