@@ -29,6 +29,7 @@ import argparse
 import itertools
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import tempfile
 import time
@@ -154,7 +155,18 @@ def ceiling(options: dict, processes: int, steps: int, device: str = "cpu",
              for w in range(processes)]
     for p in procs:
         p.start()
-    rates = [out.get(timeout=600) for _ in procs]
+    rates: list[float] = []
+    deadline = time.monotonic() + 600
+    while len(rates) < processes:
+        try:
+            rates.append(out.get(timeout=2))
+        except queue.Empty:
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:  # not ten minutes' wait for a dead one
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"bench: a plain-loop process failed (exit {failed[0]})"
+                                 if failed else "bench: the plain loop took over 600 s")
     for p in procs:
         p.join()
     return rates
