@@ -11,6 +11,9 @@ import sys
 import pytest
 from helpers import REPO, mpi_env, mpirun
 
+from gem_mpi.bench import gpu
+from gem_mpi.config import WORKER_MODES
+
 
 @pytest.mark.mpi
 def test_bench_kernel_reports_ratios_to_numpy_and_triad(tmp_path):
@@ -184,26 +187,160 @@ def test_bench_overhead_sets_loader_processes_side_by_side(tmp_path):
 
 @pytest.mark.mpi
 def test_bench_gpu_dry_run_checks_learning_theta_and_the_masters_kernel(tmp_path):
-    """The GPU check's own path, on the CPU (--cpu; CI has no GPU): calibration, both worker
-    modes in float32 and bf16 as real mpirun jobs of a user's model and dataset, the verdicts
-    in the JSON, bf16's steps/s against float32's."""
+    """The GPU check's own path, on the CPU (--cpu; CI has no GPU): the plain loop at both
+    precisions, calibration, every worker order in float32 and the overlap order in bf16 as
+    real mpirun jobs of a user's model and dataset, the verdicts and images/s against the
+    plain loop's in the JSON; MPS skipped with its reason, the floor not measured."""
     out = tmp_path / "g.json"
     res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "gpu", "--cpu", "--workers",
                           "2", "--seconds", "3", "--image-size", "32", "--batch-size", "32",
-                          "--calibration-steps", "4", "--mpirun", "mpirun --oversubscribe",
-                          "--json", str(out)], capture_output=True, text=True, timeout=300,
-                         check=False, env=mpi_env(), cwd=REPO)
+                          "--calibration-steps", "4", "--plain-steps", "3", "--wires",
+                          "float32", "--best", "overlap:bf16:float32",
+                          "--mpirun", "mpirun --oversubscribe", "--json", str(out)],
+                         capture_output=True, text=True, timeout=400, check=False,
+                         env=mpi_env(), cwd=REPO)
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads(out.read_text())
     assert result["ok"] and result["device"].startswith("cpu (dry run")
-    assert [(r["mode"], r["amp"]) for r in result["rows"]] == [
-        ("wait", "off"), ("pipelined", "off"), ("wait", "bf16"), ("pipelined", "bf16")]
+    assert [(r["mode"], r["amp"], r["wire"], r["mps"]) for r in result["rows"]] == [
+        *((m, "off", "float32", "off") for m in WORKER_MODES),
+        ("overlap", "bf16", "float32", "off")]
+    plain = result["plain_images_per_s"]
+    assert set(plain) == {"off", "bf16"} and all(v > 0 for v in plain.values())
+    assert result["mps"]["state"] == "skipped" and result["gpu_floor"] == 0.85
     for r in result["rows"]:
         assert r["kernel"].startswith("C++ extension") and r["theta_finite"] and r["loss_fell"]
         assert [w["worker"] for w in r["workers"]] == [1, 2]
         assert all(w["steps"] >= 4 and w["gpu"] != w["gpu"] for w in r["workers"])  # NaN
+        assert all(w["gpu_floor_met"] is None for w in r["workers"])
+        assert r["gpu_floor_met"] is None
+        # images/s of the device: every worker's steps/s × the batch, against the plain
+        # loop's at the row's precision
+        assert r["images_per_s"] == pytest.approx(
+            32 * sum(w["steps_per_s"] for w in r["workers"]))
+        assert r["plain_images_per_s"] == plain[r["amp"]]
+        assert r["efficiency"] == pytest.approx(r["images_per_s"] / plain[r["amp"]])
     assert "gem_mpi.bench gpu: ok" in res.stdout and "dry run" in res.stdout
-    assert "wait: bf16 " in res.stdout and "steps/s per worker against float32" in res.stdout
+    assert "plain loop (the same model, batches and precision on the same CPU" in res.stdout
+    assert "mps: skipped (--cpu" in res.stdout
+    assert "overlap (float32 wire, mps off): bf16 " in res.stdout
+    assert "steps/s per worker against float32" in res.stdout
+    assert ("overlap, amp bf16, float32 wire, mps off: 2 workers × " in res.stdout
+            and "efficiency" in res.stdout)
+    assert ("floor: GPU-busy share ≥ 0.85 per worker with the best order: not measured"
+            in res.stdout)
+
+
+def test_bench_gpu_matrix_adds_the_best_combination_and_its_mps_rows():
+    """Every mode × amp × wire, --best once beside them, and the rows run again under MPS:
+    --best's (--mps-rows best), every one (all), none without a --best."""
+    import argparse
+
+    Combo, combo_of, matrix = gpu.Combo, gpu.combo_of, gpu.matrix
+    best = combo_of(gpu.best_default())
+    assert best == Combo("overlap", "bf16", "bf16" if "bf16" in gpu.WIRES else "float32")
+    args = argparse.Namespace(modes=list(WORKER_MODES), amps=["off"], wires=["float32"],
+                              best=best, mps_rows="best")
+    rows, again = matrix(args)
+    assert rows == [*(Combo(m, "off", "float32") for m in WORKER_MODES), best]
+    assert again == [Combo(best.mode, best.amp, best.wire, "on")]
+    args.mps_rows = "all"
+    assert matrix(args)[1] == [Combo(c.mode, c.amp, c.wire, "on") for c in rows]
+    args.amps, args.mps_rows = ["off", "bf16"], "best"
+    args.best = combo_of("overlap:bf16:float32")  # in the matrix already: not twice
+    assert matrix(args)[0].count(args.best) == 1
+    args.best = combo_of("none")
+    assert args.best is None and matrix(args)[1] == []
+    with pytest.raises(argparse.ArgumentTypeError, match="MODE:AMP:WIRE"):
+        combo_of("overlap:fp16:float32")
+
+
+def test_bench_gpu_prints_the_floor_per_worker_and_for_the_best_row(capsys):
+    """The GPU half of the printout, on a result made here (no GPU in CI): each worker's
+    share against the floor, the best row by images/s, MPS rows labelled, the verdict
+    never the exit status."""
+    split = dict.fromkeys(gpu.SHOWN, 0.1)
+
+    def row(mode: str, mps: str, shares: list[float], per_s: float) -> dict:
+        workers = [{**split, "worker": i + 1, "steps_per_s": per_s, "gpu": g,
+                    "gpu_floor_met": g >= gpu.GPU_FLOOR} for i, g in enumerate(shares)]
+        return {"mode": mode, "amp": "bf16", "wire": "float32", "mps": mps,
+                "kernel": "C++ extension", "apply_ms": 7.0, "updates": 300,
+                "job_s": 50.0, "updates_per_s": 30.0, "staleness": 2.0, "utilisation": 90.0,
+                "loss_first": 2.0, "loss_last": 0.1, "loss_fell": True, "theta_finite": True,
+                "master": dict.fromkeys(("wait", "apply", "mpi", "metrics"), 0.25),
+                "images_per_s": 64 * per_s * len(shares), "plain_images_per_s": 2000.0,
+                "efficiency": 64 * per_s * len(shares) / 2000.0,
+                "gpu_floor_met": all(g >= gpu.GPU_FLOOR for g in shares), "workers": workers}
+
+    result = {"machine": "m", "device": "NVIDIA H100", "torch": "t", "cuda": "c",
+              "workers": 3, "image_size": 224, "batch_size": 64, "lr": 0.01, "launcher": "l",
+              "mps": {"asked": "auto", "state": "on", "why": ""}, "plain_steps": 200,
+              "plain_images_per_s": {"bf16": 2000.0}, "gpu_floor": gpu.GPU_FLOOR, "ok": True,
+              "rows": [row("overlap", "off", [0.9, 0.8, 0.86], 9.0),
+                       row("overlap", "on", [0.9, 0.88, 0.86], 10.0)]}
+    gpu.print_gpu(result)
+    out = capsys.readouterr().out
+    assert "mps: on: its daemon started and served a CUDA client" in out
+    assert "overlap, amp bf16, float32 wire, mps off: gpu per worker 0.90, 0.80, 0.86: below " \
+           "it (worker 2)" in out
+    assert "overlap, amp bf16, float32 wire, mps on: gpu per worker 0.90, 0.88, 0.86: meets " \
+           "the floor" in out
+    assert ("the best row by images/s per GPU is overlap, amp bf16, float32 wire, mps on "
+            "(gpu per worker 0.90, 0.88, 0.86): met") in out
+    assert "3 workers × 10.00 steps/s × b 64 = 1920 images/s on the GPU against the plain " \
+           "loop's 2000 (amp bf16): efficiency 0.96" in out
+    assert [ln.split()[-1] for ln in out.splitlines() if ln.lstrip().startswith("overlap ")
+            and ln.split()[3] == "off"] == ["met", "below", "met"]
+
+
+@pytest.mark.mpi
+def test_bench_gpu_mps_daemon_is_checked_with_a_client_and_stopped(tmp_path, monkeypatch):
+    """The MPS daemon's life, with a stand-in nvidia-cuda-mps-control on PATH (no GPU
+    here): started in the folders of $CUDA_MPS_*_DIRECTORY, a client run under it, its
+    server list read, quit at the end; a daemon that cannot start, or whose client fails,
+    is one line and no MPS rows (a failed client's daemon stopped too)."""
+    bin_dir, pipe, log = tmp_path / "bin", tmp_path / "pipe", tmp_path / "log"
+    bin_dir.mkdir()
+    control = bin_dir / "nvidia-cuda-mps-control"
+    control.write_text("""#!/usr/bin/env bash
+calls="$CUDA_MPS_LOG_DIRECTORY/calls"
+if [[ "${1:-}" == -d ]]; then
+  echo -d >>"$calls"
+  [[ -n "${MPS_FAIL:-}" ]] && { echo "cannot start here" >&2; exit 1; }
+  touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0
+fi
+read -r cmd; echo "$cmd" >>"$calls"
+case "$cmd" in
+  get_server_list) [[ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ]] && echo 4242 ;;
+  quit) rm -f "$CUDA_MPS_PIPE_DIRECTORY/control" ;;
+esac
+exit 0
+""")
+    control.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipe))
+    monkeypatch.setenv("CUDA_MPS_LOG_DIRECTORY", str(log))
+    calls = log / "calls"
+
+    monkeypatch.setattr(gpu, "_PROBE", "print(1)")
+    daemon = gpu._Mps(str(tmp_path))
+    assert daemon.start() is None and daemon.running
+    daemon.stop()
+    assert calls.read_text().split() == ["-d", "get_server_list", "quit"]
+    assert not (pipe / "control").exists() and not daemon.running
+
+    calls.unlink()
+    monkeypatch.setattr(gpu, "_PROBE", "raise SystemExit('no CUDA device here')")
+    assert gpu._Mps(str(tmp_path)).start() == ("a CUDA client failed under its daemon: no "
+                                              "CUDA device here")
+    assert calls.read_text().split() == ["-d", "quit"]
+
+    calls.unlink()
+    monkeypatch.setenv("MPS_FAIL", "1")
+    assert gpu._Mps(str(tmp_path)).start() == ("nvidia-cuda-mps-control -d failed (exit 1): "
+                                              "cannot start here")
+    assert calls.read_text().split() == ["-d"]
 
 
 @pytest.mark.mpi

@@ -2,11 +2,19 @@
 # tools/gpu_check.sh - the GPU check, for a machine with one CUDA GPU, python3 with torch and
 # a C++ compiler, maybe no MPI library and no network (tools/bare_env.sh prepares it: Open MPI
 # or MPICH and mpi4py from PyPI wheels, from .whl/ when that folder is there, and the C++
-# extension). Then 1 master + 3 workers sharing cuda:0 train ResNet-18 on generated 224x224
-# images, each worker mode in float32 and in bf16 (--amp) for about 40 s each (python -m
-# gem_mpi.bench gpu), printing bf16's steps/s against float32's, each worker's split and the
-# GPU's share, checking that the loss falls and θ stays finite.
-# Under 8 minutes; exits non-zero when a check fails.
+# extension). Then python -m gem_mpi.bench gpu: the plain loop (one process, momentum SGD, no
+# MPI) trains ResNet-18 on generated 224x224 images on the GPU in float32 and in bf16, then
+# 1 master + 3 workers sharing cuda:0 train it, about 30 s per row (--seconds): each worker
+# order (wait, pipelined, overlap) in float32, the overlap order with bf16 autocast (--best),
+# and that again with the workers as CUDA MPS clients where MPS's daemon starts (--mps auto;
+# its folders are under a temp dir of this script's, and the exit trap stops it, whatever
+# happens to the bench). It prints each worker's split and GPU-busy share against the floor
+# of 0.85, the images/s on the GPU against the plain loop's (the scaling efficiency), bf16's
+# steps/s against float32's, and checks that the loss falls and θ stays finite.
+# Expected duration with the defaults: about 6-7 minutes on a fresh machine (bare_env.sh
+# about 1 min; the plain loop about 30 s; calibration about 25 s; 5 rows of about 50 s each:
+# 30 s of training plus the job's start and end), under 8; --mps-rows all adds 3 rows
+# (about 2.5 min: give it --seconds 20). Exits non-zero when a check fails.
 #
 #   tools/gpu_check.sh [OUT_DIR] [bench gpu options...]   # JSON to OUT_DIR/gpu_check.json
 set -euo pipefail
@@ -14,6 +22,17 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-.}"
 shift || true
 mkdir -p "$out"
+mps_dir="$(mktemp -d "${TMPDIR:-/tmp}/gem_mps.XXXXXX")"
+export CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" CUDA_MPS_LOG_DIRECTORY="$mps_dir/log"
+_stop_mps() {  # a daemon the bench started and could not stop itself never outlives us
+  if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+    echo quit | timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1 || true
+  fi
+  rm -rf "$mps_dir"
+}
+trap _stop_mps EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 # shellcheck source=tools/bare_env.sh
 source tools/bare_env.sh
 export PYTHONUNBUFFERED=1

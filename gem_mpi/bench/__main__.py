@@ -9,12 +9,14 @@ import sys
 import gem_mpi.bench as package
 from gem_mpi.algorithm import kernel as gem
 from gem_mpi.bench.compare import COMPARE_METHODS, bench_compare, print_compare
-from gem_mpi.bench.gpu import bench_gpu, print_gpu
+from gem_mpi.bench.gpu import WIRES as GPU_WIRES
+from gem_mpi.bench.gpu import bench_gpu, best_default, combo_of, print_gpu
 from gem_mpi.bench.kernel import bench_kernel, default_threads, print_kernel
 from gem_mpi.bench.master import bench_master, print_master
 from gem_mpi.bench.overhead import bench_overhead, print_overhead
 from gem_mpi.bench.overlap import ORDERS, WIRES, bench_overlap, print_overlap
 from gem_mpi.bench.transport import bench_transport, print_transport
+from gem_mpi.config import AMP_MODES, AMP_OFF, WORKER_MODES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,23 +89,37 @@ def main(argv: list[str] | None = None) -> int:
                    help="launcher command line(s) (one node); with several, every run is made "
                    "with each, side by side against the same ceiling")
     g = sub.add_parser("gpu", help="the GPU check: 1 master + n workers sharing one CUDA "
-                       "device, ResNet-18 on generated images, each worker mode for about "
-                       "--seconds; exits 1 unless the loss fell and θ stayed finite (run it "
-                       "outside mpirun; tools/gpu_check.sh prepares a bare GPU machine)")
+                       "device, ResNet-18 on generated images, against the plain loop on the "
+                       "same device; a row per worker order, precision, wire format and CUDA "
+                       "MPS setting, each for about --seconds; exits 1 unless the loss fell "
+                       "and θ stayed finite (run it outside mpirun; tools/gpu_check.sh "
+                       "prepares a bare GPU machine)")
     g.add_argument("--workers", type=int, default=3)
-    g.add_argument("--seconds", type=float, default=40.0,
-                   help="training time per mode and precision")
-    g.add_argument("--modes", nargs="+", default=["wait", "pipelined"],
-                   choices=["wait", "pipelined"])
-    g.add_argument("--amps", nargs="+", default=["off", "bf16"], choices=["off", "bf16"],
-                   help="the workers' precisions (--amp), each with every mode: bf16's "
-                   "steps/s are printed against float32's")
+    g.add_argument("--seconds", type=float, default=30.0, help="training time per row")
+    g.add_argument("--modes", nargs="+", default=list(WORKER_MODES), choices=WORKER_MODES,
+                   help="worker orders (--worker-mode), each with every --amps and --wires")
+    g.add_argument("--amps", nargs="+", default=[AMP_OFF], choices=AMP_MODES,
+                   help="the workers' precisions (--amp), each with every mode; where a row "
+                   "has a bf16 twin, bf16's steps/s are printed against float32's")
+    g.add_argument("--wires", nargs="+", default=["float32"], choices=list(GPU_WIRES),
+                   help="wire formats of an update, each with every mode")
+    g.add_argument("--best", type=combo_of, default=combo_of(best_default()),
+                   help="MODE:AMP:WIRE, one more row beside the matrix (the combination suited "
+                   f"to a GPU; default {best_default()}), or 'none'")
+    g.add_argument("--mps", default="auto", choices=["auto", "off"],
+                   help="auto: where CUDA MPS's daemon starts, run rows again with the workers "
+                   "as its clients (--mps-rows), then stop it; off: never")
+    g.add_argument("--mps-rows", default="best", choices=["best", "all"],
+                   help="the rows run again under MPS: --best's, or every row")
+    g.add_argument("--plain-steps", type=int, default=200,
+                   help="timed steps of the plain loop (one process, no MPI) at each "
+                   "precision, after 10 of warm-up")
     g.add_argument("--batch-size", type=int, default=64)
     g.add_argument("--image-size", type=int, default=224)
     g.add_argument("--lr", type=float, default=0.01)
     g.add_argument("--calibration-steps", type=int, default=20,
                    help="steps per worker of the run that sizes the others")
-    g.add_argument("--cpu", action="store_true", help="a dry run on the CPU (no CUDA)")
+    g.add_argument("--cpu", action="store_true", help="a dry run on the CPU (no CUDA, no MPS)")
     g.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
                    help="launcher command line (one node)")
     v = sub.add_parser("overlap", help="a worker whose compute releases the GIL (a CPU "

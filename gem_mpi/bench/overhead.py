@@ -29,6 +29,7 @@ import argparse
 import itertools
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import tempfile
 import time
@@ -37,7 +38,7 @@ import numpy as np
 
 from gem_mpi.bench import _machine
 from gem_mpi.bench.compare import run_training
-from gem_mpi.config import Config
+from gem_mpi.config import AMP_BF16, AMP_OFF, Config
 from gem_mpi.problem import build_problem
 from gem_mpi.protocol import WORKER_TIME_SPLIT
 from gem_mpi.run.rank import data_stream, seed_dropout
@@ -46,39 +47,60 @@ WORKER_SPLIT = tuple(WORKER_TIME_SPLIT)  # the columns that split a worker's wal
 MASTER_SPLIT = ("wait", "apply", "mpi", "metrics")  # "wait" is the master's idle time
 
 
-def _single_trainer(options: dict) -> tuple:
-    """(config, problem, model in train mode, momentum SGD) of one process on one thread: the
-    plain loop a worker's step is measured against."""
+def _single_trainer(options: dict, threads: int | None = 1, device: str = "cpu") -> tuple:
+    """(config, problem, model in train mode on ``device``, momentum SGD) of one process on
+    ``threads`` torch threads (None: torch's own default, a plain script's): the plain loop
+    a worker's step is measured against."""
     import torch  # in the benchmark's own processes only
 
-    torch.set_num_threads(1)
+    if threads is not None:
+        torch.set_num_threads(threads)
     cfg = Config.of(**options)
     problem = build_problem(cfg.data, with_theta0=False)
-    model = problem.model
+    model = problem.model.to(device)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum)
     return cfg, problem, model, opt
 
 
 def _ceiling_process(options: dict, worker: int, n: int, steps: int, barrier: object,
-                     out: object) -> None:
-    """One process of the ceiling: set up, wait for the others, then time ``steps`` steps."""
-    cfg, problem, model, opt = _single_trainer(options)
+                     out: object, device: str = "cpu", amp: str = AMP_OFF,
+                     threads: int | None = 1) -> None:
+    """One process of the ceiling: set up, wait for the others, then time ``steps`` steps
+    on ``device`` (a GPU: each batch page-locked and copied in asynchronously, the clock
+    stopped once the device has finished), the forward under bf16 autocast with --amp
+    bf16, as a worker's."""
+    import torch
+
+    cfg, problem, model, opt = _single_trainer(options, threads, device)
     _, batches = data_stream(cfg.data, worker, n)
+    on_gpu = torch.device(device).type == "cuda"
+    dtype = torch.bfloat16 if amp == AMP_BF16 else torch.float32
 
     def step(i: int) -> None:
         seed_dropout(cfg.data.seed, worker, i)
         x, y = next(batches)
+        if on_gpu:
+            x = x.pin_memory().to(device, non_blocking=True)
+            y = y.pin_memory().to(device, non_blocking=True)
         opt.zero_grad()
-        problem.loss.mean(model(x), y).backward()
+        with torch.autocast(torch.device(device).type, dtype=dtype, enabled=amp == AMP_BF16):
+            loss = problem.loss.mean(model(x), y)
+        loss.backward()
         opt.step()
+
+    def finished() -> None:  # a GPU runs behind the host: wait for what was queued
+        if on_gpu:
+            torch.cuda.synchronize(device)
 
     for i in range(10):  # warm-up, as the workers' first steps are
         step(i)
+    finished()
     barrier.wait()
     t = time.perf_counter()
     for i in range(steps):
         step(10 + i)
+    finished()
     out.put(steps / (time.perf_counter() - t))
 
 
@@ -121,16 +143,30 @@ def loader_split(options: dict, values: list[int], steps: int, repeat: int) -> l
     return rows
 
 
-def ceiling(options: dict, processes: int, steps: int) -> list[float]:
-    """Steps/s of each of ``processes`` plain training loops running at once."""
+def ceiling(options: dict, processes: int, steps: int, device: str = "cpu",
+            amp: str = AMP_OFF, threads: int | None = 1) -> list[float]:
+    """Steps/s of each of ``processes`` plain training loops running at once (spawned: a
+    GPU's memory goes back when they end)."""
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(processes), ctx.Queue()
     procs = [ctx.Process(target=_ceiling_process,
-                         args=(options, w + 1, processes, steps, barrier, out))
+                         args=(options, w + 1, processes, steps, barrier, out, device, amp,
+                               threads))
              for w in range(processes)]
     for p in procs:
         p.start()
-    rates = [out.get(timeout=600) for _ in procs]
+    rates: list[float] = []
+    deadline = time.monotonic() + 600
+    while len(rates) < processes:
+        try:
+            rates.append(out.get(timeout=2))
+        except queue.Empty:
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:  # not ten minutes' wait for a dead one
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"bench: a plain-loop process failed (exit {failed[0]})"
+                                 if failed else "bench: the plain loop took over 600 s")
     for p in procs:
         p.join()
     return rates
