@@ -21,6 +21,19 @@ import pytest
 ALLOWED_SKIPS: tuple[tuple[str, str], ...] = ()
 
 
+@pytest.fixture(scope="module")
+def core() -> object:
+    """gem_mpi.algorithm._core, checked against the numpy side's constants; a failure (not
+    a skip) when it is missing or stale: the kernels' tests are the point of building it."""
+    from gem_mpi.algorithm import kernel
+
+    ext, why = kernel.load_extension()
+    if ext is None:
+        pytest.fail(f"gem_mpi.algorithm._core (the C++ extension) is not usable: {why}. "
+                    "Build it with tools/install.sh (or pip install .).", pytrace=False)
+    return ext
+
+
 # --- the mpi marker: a test that starts a process says so -----------------------------------
 
 _NOT_MARKED = ("{what} in a test without the mpi marker: mark this test @pytest.mark.mpi (it "

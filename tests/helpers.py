@@ -238,3 +238,29 @@ def assert_resumed_exactly_once(
     assert res.returncode == 0, res.stdout + res.stderr
     u = load_run(workdir / "run.h5").updates
     assert_exactly_once(u["worker"], u["seq"], range(1, workers + 1), KILL_RUN_STEPS)
+
+
+class QuadraticSlice:
+    """The quadratic (``gem_mpi.problem.quadratic.Quadratic``) restricted to θ's elements
+    [lo, hi): what one shard of a --masters run replays."""
+
+    def __init__(self, q: object, lo: int, hi: int) -> None:
+        self.q, self.lo, self.hi = q, lo, hi
+        self.h, self.dim = q.h[lo:hi], hi - lo
+
+    def theta0(self) -> object:
+        return self.q.theta0()[self.lo:self.hi]
+
+    def target(self, worker: int) -> object:
+        return self.q.target(worker)[self.lo:self.hi]
+
+
+def steps_written(h5: Path) -> int:
+    """Rows in a metrics file being written; 0 until its writer has switched SWMR on (until
+    then HDF5's file lock keeps readers out)."""
+    from gem_mpi.outputs.analysis import RunFileError, load_run
+
+    try:
+        return load_run(h5).updates["seq"].size
+    except (RunFileError, OSError):
+        return 0

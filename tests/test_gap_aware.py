@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import (
+    QuadraticSlice,
     assert_exactly_once,
     kill_rank_when,
     quadratic_args,
@@ -34,14 +35,6 @@ from gem_mpi.run.preflight import validate
 
 f32 = np.float32
 DECAY, EPS = 0.999, 1e-8
-
-
-@pytest.fixture(scope="module")
-def core():
-    ext, why = gem.load_extension()
-    if ext is None:
-        pytest.fail(f"gem_mpi.algorithm._core is not usable: {why}", pytrace=False)
-    return ext
 
 
 def _bits(x: np.ndarray) -> np.ndarray:
@@ -249,20 +242,6 @@ def _replay_run(u, q, wire: str, **rule: object) -> np.ndarray:
     return replay(u, q, GAP_AWARE, LR, window=len(u["worker"]) + 1, wire=wire, **rule).theta
 
 
-class _Slice:
-    """The quadratic restricted to θ's elements [lo, hi): what one shard replays."""
-
-    def __init__(self, q: Quadratic, lo: int, hi: int) -> None:
-        self.q, self.lo, self.hi = q, lo, hi
-        self.h, self.dim = q.h[lo:hi], hi - lo
-
-    def theta0(self) -> np.ndarray:
-        return self.q.theta0()[self.lo:self.hi]
-
-    def target(self, worker: int) -> np.ndarray:
-        return self.q.target(worker)[self.lo:self.hi]
-
-
 @pytest.mark.mpi
 @pytest.mark.parametrize("kernel, mode, wire, masters", [
     ("extension", "wait", WIRE_F32, 1),
@@ -292,7 +271,7 @@ def test_gap_aware_run_equals_the_replay_bit_for_bit(tmp_path, kernel, mode, wir
         lo, hi = int(ends[a]), int(ends[b])
         assert_exactly_once(u["worker"], u["seq"], range(1, WORKERS + 1), STEPS)
         assert u["clock"].tolist() == list(range(WORKERS * STEPS))
-        ref = _replay_run(u, _Slice(q, lo, hi), wire, ga_decay=0.99)
+        ref = _replay_run(u, QuadraticSlice(q, lo, hi), wire, ga_decay=0.99)
         assert np.array_equal(_bits(theta[lo:hi]), _bits(ref))
         scale = u["ga_scale_mean"]
         assert np.all((scale > 0) & (scale <= 1))
@@ -332,5 +311,5 @@ def test_stop_or_crash_then_resume_is_exact(tmp_path, crash, masters):
         lo, hi = int(ends[a]), int(ends[b])
         assert_exactly_once(u["worker"], u["seq"], range(1, WORKERS + 1), steps)
         assert u["clock"].tolist() == list(range(WORKERS * steps))
-        ref = _replay_run(u, _Slice(q, lo, hi), WIRE_F32)
+        ref = _replay_run(u, QuadraticSlice(q, lo, hi), WIRE_F32)
         assert np.array_equal(_bits(theta[lo:hi]), _bits(ref))

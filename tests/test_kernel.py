@@ -7,7 +7,6 @@ fail, they are never skipped.
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import numpy as np
@@ -17,15 +16,6 @@ from helpers import mpirun
 from gem_mpi.algorithm import kernel as gem
 
 EPS, PI_MAX = 1e-16, 5.0
-
-
-@pytest.fixture(scope="module")
-def core():
-    try:
-        return importlib.import_module("gem_mpi.algorithm._core")
-    except ImportError as exc:  # the failure message is the point
-        pytest.fail(f"gem_mpi.algorithm._core (the C++ extension) is not importable: {exc}. "
-                    "Build it with tools/install.sh (or pip install .).", pytrace=False)
 
 
 def _inputs(n: int, seed: int = 0, scale: float = 1.0):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from helpers import (
     PROGS,
+    QuadraticSlice,
     assert_exactly_once,
     mpirun,
     quadratic_args,
@@ -35,20 +36,6 @@ from gem_mpi.protocol import shard_cut
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 DIM, WORKERS, LR, MU = 2000, 4, 0.05, 0.9
-
-
-class QuadraticSlice:
-    """The quadratic restricted to θ's elements [lo, hi): what one shard replays."""
-
-    def __init__(self, q: Quadratic, lo: int, hi: int) -> None:
-        self.q, self.lo, self.hi = q, lo, hi
-        self.h, self.dim = q.h[lo:hi], hi - lo
-
-    def theta0(self) -> np.ndarray:
-        return self.q.theta0()[self.lo:self.hi]
-
-    def target(self, worker: int) -> np.ndarray:
-        return self.q.target(worker)[self.lo:self.hi]
 
 
 def shard_bounds(masters: int) -> list[tuple[int, int]]:

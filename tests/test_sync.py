@@ -1,4 +1,5 @@
-"""``--method sync``: synchronous momentum SGD on Horovod (GEM's proxy), under real mpirun."""
+"""``--method sync``: synchronous momentum SGD on Horovod (GEM's proxy), under real mpirun;
+some tests run ``--method ddp`` beside it (tests/test_ddp.py holds its own)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from helpers import (
     mpirun,
     quadratic_args,
     signal_when,
+    steps_written,
     train,
     train_background,
 )
 
 from gem_mpi import config
 from gem_mpi.outputs import checkpoint
-from gem_mpi.outputs.analysis import RunFileError, load_run
+from gem_mpi.outputs.analysis import load_run
 
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
@@ -107,17 +109,9 @@ def test_four_ranks_learn_fashion_mnist_and_write_the_step_schema(tmp_path):
     assert run.notes == [] and "## Notes" not in summary, summary
 
 
-def _steps_written(h5) -> int:
-    """Rows in a metrics file being written; 0 until its writer has switched SWMR on (until
-    then HDF5's file lock keeps readers out)."""
-    try:
-        return load_run(h5).updates["seq"].size
-    except (RunFileError, OSError):
-        return 0
-
-
-def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path):
-    common = ["--method", "sync", "--max-steps", "400", "--threads", "1", "--eval-every", "0"]
+@pytest.mark.parametrize("method", ["sync", "ddp"])
+def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path, method):
+    common = ["--method", method, "--max-steps", "400", "--threads", "1", "--eval-every", "0"]
     whole = tmp_path / "whole.pt"
     res = train(2, *common, "--save", str(whole), timeout=300)
     assert res.returncode == 0, res.stderr
@@ -126,7 +120,7 @@ def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path):
     args = [*common, "--checkpoint-dir", str(ckdir), "--checkpoint-every", "0",
             "--metrics", str(h5), "--save", str(part)]
     proc = train_background(2, *args)
-    err = signal_when(proc, lambda: _steps_written(h5) >= 50)
+    err = signal_when(proc, lambda: steps_written(h5) >= 50)
     assert proc.returncode == 3, err
     assert err.count("stopped by a signal at step") == 1 and "Traceback" not in err
     ck = checkpoint.latest(str(ckdir))
@@ -175,9 +169,12 @@ def test_bench_compare_runs_each_method_as_a_real_job(tmp_path):
     assert "ratios against sync" in res.stdout and "--straggler 1:2" in res.stderr
 
 
-def test_a_stuck_rank_ends_the_sync_job_with_a_checkpoint(tmp_path):
+@pytest.mark.parametrize("method", ["sync", "ddp"])
+def test_a_stuck_rank_ends_the_sync_job_with_a_checkpoint(tmp_path, method):
+    """Horovod's stall check, or DDP's process-group timeout (both --worker-timeout), fails
+    the others' step; rank 0 checkpoints the last completed step and prints one line."""
     t0 = time.monotonic()
-    res = mpirun(3, [str(PROGS / "stuck_sync_worker.py"), "1", "20", "--method", "sync",
+    res = mpirun(3, [str(PROGS / "stuck_sync_worker.py"), "1", "20", "--method", method,
                      "--max-steps", "500", "--eval-every", "0", "--worker-timeout", "4",
                      "--checkpoint-dir", str(tmp_path), "--metrics", str(tmp_path / "run.h5")],
                  timeout=120)
@@ -185,7 +182,8 @@ def test_a_stuck_rank_ends_the_sync_job_with_a_checkpoint(tmp_path):
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: rank")]
     assert len(lines) == 1, res.stderr
     assert "step 20 could not complete" in lines[0] and "--worker-timeout 4" in lines[0]
-    assert "1!:" in res.stderr  # Horovod's stall report marks the stuck rank
+    if method == "sync":
+        assert "1!:" in res.stderr  # Horovod's stall report marks the stuck rank
     state = checkpoint.load(checkpoint.latest(str(tmp_path)))
     assert state.clock == 20 and state.momentum is not None
     assert load_run(tmp_path / "run.h5").updates["seq"].size == 20

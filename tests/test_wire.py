@@ -12,7 +12,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from helpers import assert_exactly_once, quadratic_args, train
+from helpers import QuadraticSlice, assert_exactly_once, quadratic_args, train
 
 from gem_mpi.algorithm import kernel as gem
 from gem_mpi.algorithm.kernel import BF16_NEAREST_EVEN, BF16_TOWARD_ZERO, Kernel, widen
@@ -35,14 +35,6 @@ from gem_mpi.protocol import layout, shard_cut, update_payload
 
 f32 = np.float32
 EPS, PI_MAX = 1e-16, 5.0
-
-
-@pytest.fixture(scope="module")
-def core():
-    ext, why = gem.load_extension()
-    if ext is None:
-        pytest.fail(f"gem_mpi.algorithm._core is not usable: {why}", pytrace=False)
-    return ext
 
 
 def _bits32(x: np.ndarray) -> np.ndarray:
@@ -447,20 +439,8 @@ def test_bf16_downpour_run_equals_the_replay_bit_for_bit(tmp_path, masters):
     for u, (a, b) in zip(logs, shard_cut(sizes, masters)):
         lo, hi = int(ends[a]), int(ends[b])
         assert_exactly_once(u["worker"], u["seq"], range(1, WORKERS + 1), STEPS)
-        ref = replay(u, _Slice(q, lo, hi), DOWNPOUR, LR, window=len(u["worker"]) + 1,
+        ref = replay(u, QuadraticSlice(q, lo, hi), DOWNPOUR, LR, window=len(u["worker"]) + 1,
                      wire=WIRE_BF16)
         assert np.array_equal(_bits32(theta[lo:hi]), _bits32(ref.theta))
 
 
-class _Slice:
-    """The quadratic restricted to θ's elements [lo, hi): what one shard replays."""
-
-    def __init__(self, q: Quadratic, lo: int, hi: int) -> None:
-        self.q, self.lo, self.hi = q, lo, hi
-        self.h, self.dim = q.h[lo:hi], hi - lo
-
-    def theta0(self) -> np.ndarray:
-        return self.q.theta0()[self.lo:self.hi]
-
-    def target(self, worker: int) -> np.ndarray:
-        return self.q.target(worker)[self.lo:self.hi]

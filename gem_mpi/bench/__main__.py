@@ -46,9 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("transport", help="Get/Put between 2 ranks under mpirun")
     t.add_argument("--sizes", type=int, nargs="+",
                    default=[10_000, 100_000, 1_000_000, 10_000_000])
-    c = sub.add_parser("compare", help="GEM vs DOWNPOUR vs synchronous Horovod, each a real "
-                       "mpirun job (run it outside mpirun)")
+    c = sub.add_parser("compare", help="GEM vs the other asynchronous rules vs synchronous "
+                       "SGD (Horovod, DDP), each a real mpirun job (run it outside mpirun)")
     c.add_argument("--methods", nargs="+", default=list(COMPARE_METHODS),
+                   choices=COMPARE_METHODS,
                    help="methods, one run each; ratios against sync when it is there")
     c.add_argument("--workers", type=int, default=4)
     c.add_argument("--straggler", default="2:5", help="WORKER:FACTOR, as gem_mpi.train's "

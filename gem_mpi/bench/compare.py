@@ -1,4 +1,5 @@
-"""GEM against DOWNPOUR and synchronous SGD, each a real mpirun job, with a straggler."""
+"""GEM against the other asynchronous rules and synchronous SGD (Horovod, DDP), each a real
+mpirun job on the same model, data streams and samples, with a straggler."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import sys
 import tempfile
 import time
 
-from gem_mpi.baseline.sync import check_horovod
+from gem_mpi.baseline.sync import check_ddp, check_horovod
 from gem_mpi.bench import _machine, mpi_env
+from gem_mpi.config import ASYNC_METHODS, DDP, SYNC, SYNC_METHODS, synchronous
 from gem_mpi.outputs import analysis
 
-COMPARE_METHODS = ("gem", "downpour", "sync")
+COMPARE_METHODS = (*ASYNC_METHODS, *SYNC_METHODS)
 
 
 def run_training(mpirun: str, ranks: int, train_args: list[str], h5: str,
@@ -37,9 +39,9 @@ def run_training(mpirun: str, ranks: int, train_args: list[str], h5: str,
 
 def _compare_run(method: str, workers: int, args: argparse.Namespace, out_dir: str) -> dict:
     """One training run as a real mpirun job; its numbers come from its metrics file."""
-    ranks = workers if method == "sync" else workers + 1
+    ranks = workers if synchronous(method) else workers + 1
     # evaluations at the same numbers of samples: sync counts steps of all workers at once
-    eval_every = args.eval_every if method == "sync" else args.eval_every * workers
+    eval_every = args.eval_every if synchronous(method) else args.eval_every * workers
     run, job_s = run_training(
         args.mpirun, ranks,
         ["--method", method, "--model", args.model, "--dataset", args.dataset,
@@ -53,19 +55,21 @@ def _compare_run(method: str, workers: int, args: argparse.Namespace, out_dir: s
             "updates_per_s": analysis.updates_per_second(run),
             "samples_per_s": analysis.samples_per_second(run),
             "time_to_target_s": analysis.time_to_accuracy(run, args.target_accuracy),
-            "final_accuracy": analysis.final_test(run).accuracy}
+            "final_accuracy": analysis.final_test(run).accuracy,
+            "final_loss": analysis.final_test(run).loss}
 
 
 def bench_compare(args: argparse.Namespace) -> dict:
     """Each method trains the same model on the same data streams with the same per-worker
     budget, one after the other (never at once: they would share the cores)."""
-    if "sync" in args.methods:
-
+    if SYNC in args.methods:
         check_horovod()
+    if DDP in args.methods:
+        check_ddp()
     rows = []
     with tempfile.TemporaryDirectory(prefix="gem_compare_") as out_dir:
         rows = [_compare_run(m, args.workers, args, out_dir) for m in args.methods]
-    base = next((r for r in rows if r["method"] == "sync"), rows[0])
+    base = next((r for r in rows if r["method"] == SYNC), rows[0])
     for r in rows:
         r["samples_per_s_vs_base"] = r["samples_per_s"] / base["samples_per_s"]
         a, b = r["time_to_target_s"], base["time_to_target_s"]
@@ -83,7 +87,7 @@ def print_compare(result: dict) -> None:
           f"{result['batch_size']}, straggler {slow}, target test accuracy "
           f"{100 * result['target_accuracy']:.0f} %; ratios against {result['base']}")
     cols = ["method", "ranks", "wall s", "upd/s", "samples/s", "vs base", "to target s",
-            "speedup", "final acc"]
+            "speedup", "final acc", "final loss"]
     print("  ".join(f"{c:>11}" for c in cols))
     for r in result["rows"]:
         t = r["time_to_target_s"]
@@ -91,8 +95,9 @@ def print_compare(result: dict) -> None:
         vals = [r["method"], r["ranks"], f"{r['wall_s']:.1f}", f"{r['updates_per_s']:.1f}",
                 f"{r['samples_per_s']:.0f}", f"{r['samples_per_s_vs_base']:.2f}",
                 "not reached" if t is None else f"{t:.1f}",
-                "-" if sp is None else f"{sp:.2f}", f"{100 * r['final_accuracy']:.2f}%"]
+                "-" if sp is None else f"{sp:.2f}", f"{100 * r['final_accuracy']:.2f}%",
+                f"{r['final_loss']:.4f}"]
         print("  ".join(f"{v!s:>11}" for v in vals))
-    print("upd/s: applied updates (sync: steps of all workers) per second over the run; "
+    print("upd/s: applied updates (sync, ddp: steps of all workers) per second over the run; "
           "samples/s: while every worker still ran; speedup: base's time to target over this "
           "method's")
