@@ -70,6 +70,9 @@ class _QuadraticSteps:
     def comm_stream(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
+    def compute_thread(self) -> None:
+        """Nothing to set up on the compute thread."""
+
     def settle(self, seq: int, delta: np.ndarray) -> np.ndarray:
         return delta
 
@@ -150,6 +153,13 @@ class _TorchSteps:
     def pull_buffer(self) -> np.ndarray | None:
         """Where the worker's pulls land: page-locked memory on a GPU, else its own."""
         return self.pull_buffers[0] if self.pull_buffers else None
+
+    def compute_thread(self) -> None:
+        """On the compute thread, first: the worker's GPU is its current device (CUDA's
+        current device is per thread, and a new thread's is device 0), so that its events and
+        streams are that device's."""
+        if self.on_gpu:
+            self.torch.cuda.set_device(self.device)
 
     def comm_stream(self) -> contextlib.AbstractContextManager:
         """A context for the thread that folds m and sends while another computes (--worker-
@@ -495,7 +505,8 @@ def _overlap_order(w: _Worker, start_seq: int, version: object) -> tuple[bool, o
     thetas = [ep.theta, *(pinned[k] if k < len(pinned) else np.empty_like(ep.theta)
                           for k in (1, 2))]
     versions = [version] * 3
-    with ThreadPoolExecutor(1, thread_name_prefix="gem-compute") as pool, \
+    with ThreadPoolExecutor(1, thread_name_prefix="gem-compute",
+                            initializer=w.steps_fn.compute_thread) as pool, \
             w.steps_fn.comm_stream():
         running: Future = pool.submit(w.step, start_seq, thetas[0])
         try:
