@@ -354,7 +354,7 @@ def test_worker_and_master_rules_on_the_bf16_wire_are_the_replay(method, shift, 
             pulled = theta.copy()
             delta, _ = q.step(pulled, target, lr)
             assert _post(slot, worker.payload(delta, pulled)) in lay.update_lengths
-            ok, _ = master.apply(theta, slot, staleness=0)
+            ok, _ = master.apply(theta, slot, staleness=0, clock=0)
             assert ok
         out[wire] = theta
     log = {"worker": np.ones(steps, np.int64), "version_pulled": np.arange(steps),

@@ -263,12 +263,13 @@ class MasterRule:
         return None if span is None else payloads[:, span[0]:span[1]]
 
     def apply(self, theta: np.ndarray, payload: np.ndarray, staleness: int,
-              clock: int = 0) -> tuple[bool, GemStats | GapStats | None]:
+              clock: int) -> tuple[bool, GemStats | GapStats | None]:
         """θ ← θ + π·Δθ in place; (applied, the rule's statistics or None). Not applied: θ
         untouched. Under the paper's shift the kernel writes θ before the update into the
         slot's kept s (``payload`` is a view of the slot); with the global proxy it folds Δθ
         into m. ``clock``: the updates this master applied before (Gap-Aware's bias
-        correction takes t = clock + 1)."""
+        correction takes t = clock + 1; no default, so that no caller gets t = 1 by
+        omission)."""
         if self.gap is not None:
             delta, s = self.payload.split(payload)
             gstats = self.kernel.gap_step(theta, delta, s, self.gap, clock + 1)

@@ -83,7 +83,7 @@ def _one_worker(method: str, shift: str, steps: int, extension: bool,
         delta, _ = q.step(pulled, target, lr)
         sent.append(_post(slots[0], worker.payload(delta, pulled)))
         before = theta.copy()
-        ok, st = master.apply(theta, slots[0], staleness=0)
+        ok, st = master.apply(theta, slots[0], staleness=0, clock=0)
         assert ok
         if stats is not None:
             stats.append(st)
@@ -137,7 +137,7 @@ def test_a_fixed_update_twice_gives_the_paper_s_numbers(shift, pi2):
     for _ in range(2):
         before = theta.copy()
         _post(slots[0], worker.payload(delta, theta.copy()))
-        master.apply(theta, slots[0], staleness=0)
+        master.apply(theta, slots[0], staleness=0, clock=0)
         pis.append(float((theta - before)[0] / delta[0]))
     np.testing.assert_allclose(pis, [1.0, pi2], rtol=1e-5)
 
