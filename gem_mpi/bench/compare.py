@@ -1,5 +1,5 @@
-"""GEM against the other asynchronous rules and synchronous SGD (Horovod, DDP), each a real
-mpirun job on the same model, data streams and samples, with a straggler."""
+"""GEM against the other asynchronous rules, synchronous SGD (Horovod, DDP) and DiLoCo, each a
+real mpirun job on the same model, data streams and samples, with a straggler."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import sys
 import tempfile
 import time
 
+from gem_mpi.baseline.diloco import check_diloco
 from gem_mpi.baseline.sync import check_ddp, check_horovod
 from gem_mpi.bench import _machine, mpi_env
-from gem_mpi.config import ASYNC_METHODS, DDP, SYNC, SYNC_METHODS, synchronous
+from gem_mpi.config import ASYNC_METHODS, DDP, DILOCO, SYNC, SYNC_METHODS, synchronous
 from gem_mpi.outputs import analysis
 
 COMPARE_METHODS = (*ASYNC_METHODS, *SYNC_METHODS)
@@ -47,7 +48,8 @@ def _compare_run(method: str, workers: int, args: argparse.Namespace, out_dir: s
         ["--method", method, "--model", args.model, "--dataset", args.dataset,
          "--max-steps", str(args.max_steps), "--batch-size", str(args.batch_size),
          "--eval-every", str(eval_every), "--log-every", "30", "--threads", "1",
-         *(["--straggler", args.straggler] if args.straggler else [])],
+         *(["--straggler", args.straggler] if args.straggler else []),
+         *(["--diloco-steps", str(args.diloco_steps)] if method == DILOCO else [])],
         os.path.join(out_dir, f"{method}.h5"), "compare")
     wall = analysis.wall_seconds(run)
     return {"method": method, "ranks": ranks, "workers": workers, "job_s": job_s,
@@ -66,6 +68,8 @@ def bench_compare(args: argparse.Namespace) -> dict:
         check_horovod()
     if DDP in args.methods:
         check_ddp()
+    if DILOCO in args.methods:
+        check_diloco()
     rows = []
     with tempfile.TemporaryDirectory(prefix="gem_compare_") as out_dir:
         rows = [_compare_run(m, args.workers, args, out_dir) for m in args.methods]
@@ -98,6 +102,7 @@ def print_compare(result: dict) -> None:
                 "-" if sp is None else f"{sp:.2f}", f"{100 * r['final_accuracy']:.2f}%",
                 f"{r['final_loss']:.4f}"]
         print("  ".join(f"{v!s:>11}" for v in vals))
-    print("upd/s: applied updates (sync, ddp: steps of all workers) per second over the run; "
+    print("upd/s: applied updates (sync, ddp, diloco: steps of all workers) per second over "
+          "the run (diloco evaluates at its rounds' ends only); "
           "samples/s: while every worker still ran; speedup: base's time to target over this "
           "method's")

@@ -28,6 +28,9 @@ no such files and m restarts at 0; the updates applied after the checkpoint are 
 With the global proxy (``--gem-proxy global``) m is the master's: every checkpoint holds it
 (``proxy_m``), so a resume continues it exactly after a stop and after a crash alike; so
 does Gap-Aware's average of the squared steps v (``--method gap-aware``), in the same field.
+--method diloco stores the outer Nesterov buffer as ``momentum`` and, in a checkpoint written
+where every worker agreed to end (a stop, the end), each worker's inner momentum
+(``inner_m``); a periodic checkpoint has none, and inner momenta restart at 0 from it.
 """
 
 from __future__ import annotations
@@ -86,6 +89,9 @@ class Checkpoint:
     kept_s: np.ndarray | None = None
     proxy_m: np.ndarray | None = None  # the master's per-element state: m, or Gap-Aware's v
     momentum: np.ndarray | None = None  # synchronous: the optimizer's momentum buffer
+    # --method diloco: each worker's inner momentum (n × P rows, worker 1 first), kept where
+    # every worker agreed to end the run (momentum then holds the outer Nesterov buffer)
+    inner_m: np.ndarray | None = None
     shard_clock: np.ndarray | None = None  # --masters K > 1: each shard's clock and tickets
     shard_tickets: np.ndarray | None = None
     path: str = ""  # where it was loaded from (not stored)
@@ -108,7 +114,7 @@ class Checkpoint:
 
 
 ARRAYS = ("theta", "next_seq", "momentum", "kept_s", "proxy_m", "shard_clock", "shard_tickets",
-          "rows_shards")
+          "rows_shards", "inner_m")
 _INTS = ("clock", "rows_updates", "rows_eval", "rows_rejected", "n_workers")
 
 

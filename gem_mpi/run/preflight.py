@@ -21,6 +21,7 @@ from gem_mpi.config import (
     AMP_OFF,
     COSINE,
     DATASETS,
+    DILOCO,
     GAP_AWARE,
     GEM,
     HOLDOUT_DATASETS,
@@ -111,6 +112,7 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         raise UsageError(f"--gem-shift {cfg.optim.gem_shift} is GEM's: --method gap-aware "
                          "measures its gap against the θ each update was computed at")
     _check_gap_aware_options(cfg)
+    _check_diloco_options(cfg)
     masters = cfg.runtime.masters
     if sync and masters != 1:
         raise UsageError(f"--masters {masters} is for the asynchronous methods: --method "
@@ -179,6 +181,17 @@ def _check_gap_aware_options(cfg: Config) -> None:
         if value != OptimConfig.__dataclass_fields__[name].default:
             raise UsageError(f"--{name.replace('_', '-')} {value} is Gap-Aware's: --method "
                              f"{cfg.method} does not use it (use --method gap-aware)")
+
+
+def _check_diloco_options(cfg: Config) -> None:
+    """--diloco-* set for another method would be silently ignored: one line."""
+    if cfg.method == DILOCO:
+        return
+    for name in ("diloco_steps", "diloco_outer_lr", "diloco_outer_momentum"):
+        value = getattr(cfg.optim, name)
+        if value != OptimConfig.__dataclass_fields__[name].default:
+            raise UsageError(f"--{name.replace('_', '-')} {value} is DiLoCo's: --method "
+                             f"{cfg.method} does not use it (use --method diloco)")
 
 
 def _check_global_decay(momentum: float, workers: int) -> None:
@@ -383,6 +396,9 @@ def _check_schedule(optim: OptimConfig, steps: int) -> None:
     if optim.warmup_steps and optim.warmup_steps >= steps:
         raise UsageError(f"--warmup-steps {optim.warmup_steps} is as long as the run or longer: "
                          f"each worker takes {steps} steps")
+    if optim.method == DILOCO and optim.diloco_steps > steps:
+        raise UsageError(f"--diloco-steps {optim.diloco_steps} is longer than the run: each "
+                         f"worker takes {steps} steps, so no outer step would be taken")
     decay = optim.lr_decay_steps
     if optim.lr_schedule == COSINE and decay and decay <= optim.warmup_steps:
         raise UsageError(f"--lr-decay-steps {decay} must be longer than --warmup-steps "
