@@ -139,3 +139,28 @@ def test_a_stuck_worker_ends_the_job_with_a_checkpoint(tmp_path):
     run = load_run(tmp_path / "run.h5")
     assert run.summary["finished"] == 0.0
     assert run.updates["clock"].size == state.clock
+
+
+PROBE = Path(__file__).resolve().parents[1] / "tools" / "ft_probe.py"
+
+
+def test_the_loss_probe_holds_on_open_mpi_5_with_ulfm():
+    """tools/ft_probe.py (docs/RELIABILITY.md, "A lost worker"): with --with-ft ulfm the master
+    and the other workers go on after worker 1 is killed mid-commit."""
+    import subprocess
+
+    from stacks import stack_command
+
+    cmd, env = stack_command("openmpi5", 4, [str(PROBE)])
+    cmd[1:1] = ["--with-ft", "ulfm"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    verdict = [ln for ln in res.stdout.splitlines() if "verdict=" in ln]
+    assert len(verdict) == 1 and "verdict=holds" in verdict[0], res.stdout + res.stderr
+    assert res.stdout.count("finalized") == 3  # rank 0 and the two survivors
+
+
+def test_the_loss_probe_ends_the_job_on_open_mpi_4():
+    """Without ULFM mpirun ends the whole job at the loss, before the survivors are done."""
+    res = mpirun(4, [str(PROBE)], timeout=120)
+    assert res.returncode != 0 and "finalized" not in res.stdout, res.stdout
