@@ -1,0 +1,39 @@
+"""gem_mpi.launch's plan, without a job: what it refuses, what it adds (its restarts run as real
+jobs in tests/test_launch.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gem_mpi.errors import UsageError
+from gem_mpi.launch import FINAL, plan
+
+
+def test_it_adds_resume_auto_and_keeps_one_worker_at_least(tmp_path):
+    ck = str(tmp_path)
+    args, train, fewest = plan(["-n", "5", "--", "--checkpoint-dir", ck, "--masters", "2"])
+    assert args.n == 5 and args.max_restarts == 3
+    assert train == ["--checkpoint-dir", ck, "--masters", "2", "--resume", "auto"]
+    assert fewest == 3  # two masters and a worker
+
+
+def test_a_given_resume_is_kept_and_a_synchronous_method_keeps_its_ranks(tmp_path):
+    _, train, fewest = plan(["-n", "4", "--", "--method", "ddp", "--checkpoint-dir",
+                             str(tmp_path), "--resume", "auto"])
+    assert train.count("--resume") == 1 and fewest == 4
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["-n", "5", "--", "--lr", "0.1"], "give --checkpoint-dir"),
+    (["-n", "1", "--", "--checkpoint-dir", "ck"], "at least 2 ranks"),
+    (["-n", "5", "--max-restarts", "-1", "--", "--checkpoint-dir", "ck"], "must be >= 0"),
+    (["-n", "5", "--", "--checkpoint-dir", "ck", "--lr", "-1"], "--lr"),
+])
+def test_what_cannot_work_is_refused(argv, says, tmp_path):
+    argv = [str(tmp_path) if a == "ck" else a for a in argv]
+    with pytest.raises(UsageError, match=says):
+        plan(argv)
+
+
+def test_only_a_lost_rank_restarts():
+    assert set(FINAL) == {0, 2, 3, 4}  # finished, refused, stopped, diverged end the launcher
