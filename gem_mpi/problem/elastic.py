@@ -12,8 +12,10 @@ run that keeps its workers computes what it always did.
 A resume on m ≠ n workers (:func:`redeal`) keeps each worker's past (the batches the
 checkpoint counts as applied) and deals the rest, epoch by epoch, so that each worker gets
 an equal share of each epoch's remaining batches: a continuing worker keeps its own next
-batches up to its share (its place in the data), a departed worker's and any surplus go, in
-order, to the workers short of their share (a new one starts with none of its own). No
+batches up to its share (its place in the data: they come first), a departed worker's and
+any surplus go, in order, to the workers short of their share (a new one starts with none
+of its own); a worker takes its dealt batches of an epoch in that epoch's place, or, for an
+epoch before its own (it was ahead), right after its own batches of its epoch. No
 batch of an epoch is lost or dealt twice, and the run's budget (the batches of its sources)
 neither shrinks nor grows. Runs are kept compact: (source, sources, epoch, lo, hi), the
 batches lo..hi − 1 of that source's epoch, so a plan is a few runs however long the run.
@@ -81,7 +83,11 @@ def redeal(plans: Sequence[Plan], done: Sequence[int], m: int) -> list[Plan]:
     past = [cut(plans[w], 0, int(done[w])) if w < n else [] for w in range(m)]
     rest = [cut(plans[w], int(done[w])) for w in range(n)]
     epochs = sorted({run[2] for plan in rest for run in plan})
-    new: list[Plan] = [list(p) for p in past]
+    # a continuing worker's epoch now: its own next batches come first, then what it is
+    # dealt of that epoch and of any before it (a worker ahead of the others), then the rest
+    now = [rest[w][0][2] if w < min(n, m) and rest[w] else -1 for w in range(m)]
+    head: list[Plan] = [[] for _ in range(m)]
+    new: list[Plan] = [[] for _ in range(m)]
     for epoch in epochs:
         own = [[r for r in plan if r[2] == epoch] for plan in rest]
         total = sum(length(p) for p in own)
@@ -96,9 +102,15 @@ def redeal(plans: Sequence[Plan], done: Sequence[int], m: int) -> list[Plan]:
         at = 0
         for w in range(m):
             short = share[w] - length(kept[w])
-            new[w] += kept[w] + cut(pool, at, at + short)
+            dealt = cut(pool, at, at + short)
             at += short
-    return [_join(p) for p in new]
+            if epoch < now[w]:
+                head[w] += dealt
+            elif epoch == now[w]:
+                new[w] = kept[w] + head[w] + dealt
+            else:
+                new[w] += kept[w] + dealt
+    return [_join(past[w] + (head[w] if now[w] < 0 else []) + new[w]) for w in range(m)]
 
 
 def to_array(plans: Sequence[Plan]) -> np.ndarray:
