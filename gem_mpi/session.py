@@ -12,6 +12,8 @@ import sys
 import traceback
 import uuid
 
+import numpy as np
+
 from gem_mpi import config
 from gem_mpi.algorithm.kernel import kernel_threads
 from gem_mpi.baseline.diloco import check_diloco
@@ -22,10 +24,10 @@ from gem_mpi.engine.worker import run_worker
 from gem_mpi.errors import GemError, UsageError
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.metrics import check_resumable
-from gem_mpi.problem import Problem, build_problem
+from gem_mpi.problem import Problem, build_problem, elastic
 from gem_mpi.protocol import shard_cut
 from gem_mpi.run.preflight import validate
-from gem_mpi.run.rank import gather_placement, local_placement
+from gem_mpi.run.rank import first_plans, gather_placement, local_placement
 from gem_mpi.run.supervisor import (
     EXIT_CODES,
     EXIT_USAGE,
@@ -100,6 +102,23 @@ def _resume(cfg: config.Config, n_workers: int) -> checkpoint.Checkpoint | None:
         check_resumable(out.metrics, ckpt.run_id, path, ckpt.rows,
                         [] if shard_rows is None else [int(r) for r in shard_rows])
     ckpt.changes = checkpoint.changes(ckpt, cfg.as_dict())
+    if ckpt.n_workers != n_workers:
+        ckpt = _deal(cfg, ckpt, n_workers)
+    return ckpt
+
+
+def _deal(cfg: config.Config, ckpt: checkpoint.Checkpoint, m: int) -> checkpoint.Checkpoint:
+    """A checkpoint of n workers continued by m: the batches its workers had not done dealt
+    anew (gem_mpi.problem.elastic), recorded in the checkpoint and the metrics file."""
+    n = ckpt.n_workers
+    plans = (elastic.from_array(ckpt.data_plan, n) if ckpt.data_plan is not None else
+             first_plans(cfg.data, n, cfg.data.model == config.QUADRATIC))
+    done = [int(k) for k in ckpt.next_seq]
+    dealt = elastic.redeal(plans, done, m)
+    next_seq = np.array([done[w] if w < n else 0 for w in range(m)], np.int64)
+    changes = {**ckpt.changes, "workers": [n, m]}
+    ckpt = checkpoint.resize(ckpt, next_seq, elastic.to_array(dealt))
+    ckpt.changes = changes
     return ckpt
 
 
@@ -147,8 +166,10 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint 
     soft_barrier(comm)
     # every rank learns the run's id (a new one on a fresh start) and where it resumes
     run_id = uuid.uuid4().hex if resumed is None else resumed.run_id
-    start_seqs, run_id = comm.bcast((None if resumed is None else resumed.next_seq.tolist(),
-                                     run_id), root=MASTER)
+    start_seqs, run_id, plans = comm.bcast((
+        None if resumed is None else resumed.next_seq.tolist(), run_id,
+        None if resumed is None or resumed.data_plan is None
+        else elastic.from_array(resumed.data_plan, n_workers)), root=MASTER)
     role = None
     comms, link = shards.connect(comm, plan)  # collective; [comm], None with one master
     if link is not None and rank < masters:
@@ -165,7 +186,8 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint 
     worker = rank - masters + 1  # 1..n
     code = run_worker(cfg, comm, plan, problem, placement,
                       start_seq=0 if start_seqs is None else start_seqs[worker - 1],
-                      run_id=run_id, comms=comms)
+                      run_id=run_id, comms=comms,
+                      plan=None if plans is None else plans[worker - 1])
     # the master alone reports how the run ended; every rank exits with its code
     return OUTCOME_OF.get(code, Outcome.FAILED)
 

@@ -78,13 +78,15 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
            shift: str = SHIFT_OTHERS, proxy: str = PROXY_LOCAL,
            n_workers: int | None = None, schedule: Schedule | None = None,
            clip_norm: float = 0.0, wire: str = WIRE_F32, ga_decay: float = 0.999,
-           ga_eps: float = 1e-8) -> Replay:
+           ga_eps: float = 1e-8, new_at_seq0: bool = False) -> Replay:
     """Replay the applied updates of ``log`` (columns worker, version_pulled, staleness, in
     clock order; and seq with a ``schedule``) on ``q``. Only the last ``window`` versions of
     θ are kept for the pulls. ``n_workers``: the run's (the global proxy's decay depends on
     it; default: the workers in the log). ``schedule``: η of each worker's step (default:
     ``lr`` throughout); ``clip_norm``: the gradient's clipping (0: none); ``wire``: the
-    run's --wire; ``ga_decay``, ``ga_eps``: Gap-Aware's γ and ε."""
+    run's --wire; ``ga_decay``, ``ga_eps``: Gap-Aware's γ and ε. ``new_at_seq0``: a worker
+    whose update has seq 0 is a new one (a resume on more workers): its m and s start
+    afresh (the log's seq column is read)."""
     bf16 = wire == WIRE_BF16
     theta = q.theta0()
     if n_workers is None:
@@ -98,12 +100,14 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
     m: dict[int, np.ndarray] = {}
     before_own: dict[int, np.ndarray] = {}  # paper: θ just before w's previous update
     out = Replay(theta)
-    seqs = log["seq"].tolist() if schedule is not None else [0] * len(log["worker"])
+    with_seq = schedule is not None or new_at_seq0
+    seqs = log["seq"].tolist() if with_seq else [0] * len(log["worker"])
     for clock, (w, pulled, tau, seq) in enumerate(zip(log["worker"].tolist(),
                                                       log["version_pulled"].tolist(),
                                                       log["staleness"].tolist(), seqs)):
-        if w not in targets:
+        if w not in targets or (new_at_seq0 and seq == 0):
             targets[w], m[w] = q.target(w), np.zeros(q.dim, f32)
+            before_own.pop(w, None)
         s = versions[pulled]  # the θ this worker pulled: exact version label
         diff = s - targets[w]
         out.losses.append(0.5 * float(np.dot(q.h * diff, diff)))

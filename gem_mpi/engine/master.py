@@ -217,7 +217,11 @@ class Master:
         self.next_seq = np.array(ckpt.next_seq, dtype=np.int64)
         kept = self.rule.kept(self.ep.payloads)
         if kept is not None and ckpt.kept_s is not None:
-            kept[...] = ckpt.kept_s  # before any message is taken
+            # before any message is taken; only the rows of workers with updates applied: a
+            # worker starting at 0 (new on a resume of more workers) sends its s with its
+            # first update, which may have landed in its slot already
+            started = self.next_seq > 0
+            kept[started] = ckpt.kept_s[started]
         proxy_m = self.rule.proxy_m
         if proxy_m is not None:  # the global proxy's m or Gap-Aware's v (session checked it)
             proxy_m[...] = ckpt.proxy_m
@@ -462,7 +466,9 @@ def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Prob
 
 def _changes_note(ckpt: checkpoint.Checkpoint) -> str:
     """The settings this resume changes, for the start-up line (the metrics file keeps them)."""
-    return "".join(f", --{k.replace('_', '-')} {a!r} -> {b!r}"
+    return "".join(f", workers {a} -> {b} (the batches not done dealt anew, each worker "
+                   "an equal share of each epoch's)" if k == "workers" else
+                   f", --{k.replace('_', '-')} {a!r} -> {b!r}"
                    for k, (a, b) in ckpt.changes.items())
 
 

@@ -32,6 +32,7 @@ from gem_mpi.config import AMP_BF16, OVERLAP, PIPELINED, Config, DataConfig, Opt
 from gem_mpi.engine.shards import Plan
 from gem_mpi.outputs import checkpoint
 from gem_mpi.problem import Problem, unflatten
+from gem_mpi.problem.elastic import length
 from gem_mpi.protocol import DONE, STOPPED, UPDATE, WORKER_TIME_COLUMNS
 from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
 from gem_mpi.transport import MPI
@@ -42,12 +43,12 @@ class _QuadraticSteps:
     """Δθ of the numpy quadratic problem; used by the invariant tests."""
 
     def __init__(self, optim: OptimConfig, data: DataConfig, problem: Problem,
-                 rank: int) -> None:
+                 rank: int, plan: list | None = None) -> None:
         self.q = problem.quadratic
         self.lr = optim.lr
         self.target = self.q.target(rank)
-        self.steps = data.max_steps or data.epochs * max(1, data.synthetic_size //
-                                                         data.batch_size)
+        self.steps = length(plan) if plan is not None else (
+            data.max_steps or data.epochs * max(1, data.synthetic_size // data.batch_size))
         self.schedule = Schedule.of(optim, self.steps)
         self.clip_norm = optim.clip_grad_norm
         self.plain = self.schedule.constant and self.clip_norm == 0  # Quadratic.step as is
@@ -91,9 +92,11 @@ class _TorchSteps:
     """
 
     def __init__(self, cfg: Config, problem: Problem, rank: int, n_workers: int,
-                 placement: Placement, start_seq: int = 0, overlapped: bool = False) -> None:
+                 placement: Placement, start_seq: int = 0, overlapped: bool = False,
+                 plan: list | None = None) -> None:
         """``overlapped`` (--worker-mode overlap): two Δθ buffers and three pull buffers
-        taking turns, see :func:`_overlap_order`."""
+        taking turns, see :func:`_overlap_order`; ``plan``: the worker's dealt batches
+        (:mod:`gem_mpi.problem.elastic`; None: its own stream)."""
         import torch
 
         self.torch = torch
@@ -121,7 +124,7 @@ class _TorchSteps:
         self._deltas = [torch.empty(n, dtype=torch.float32, device=self.device)
                         for _ in range(2 if overlapped else 1)]
         self.delta = self._deltas[0]
-        self.steps, self.batches = data_stream(cfg.data, rank, n_workers, start_seq)
+        self.steps, self.batches = data_stream(cfg.data, rank, n_workers, start_seq, plan)
         self.lr = cfg.optim.lr
         self.schedule = Schedule.of(cfg.optim, self.steps)
         self.clip_norm = cfg.optim.clip_grad_norm
@@ -410,15 +413,15 @@ class _Worker:
 
 def _set_up(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
             placement: Placement, start_seq: int, run_id: str,
-            comms: list[MPI.Intracomm] | None) -> _Worker:
+            comms: list[MPI.Intracomm] | None, dealt: list | None = None) -> _Worker:
     """The worker's steps, endpoint and rule; a resumed GEM worker's momentum restored."""
     rank = comm.Get_rank() - (plan.masters - 1)  # the worker's number, 1..n
     if problem.quadratic is not None:
         steps_fn: _QuadraticSteps | _TorchSteps = _QuadraticSteps(cfg.optim, cfg.data, problem,
-                                                                  rank)
+                                                                  rank, dealt)
     else:
         steps_fn = _TorchSteps(cfg, problem, rank, plan.n_workers, placement, start_seq,
-                               overlapped=cfg.optim.worker_mode == OVERLAP)
+                               overlapped=cfg.optim.worker_mode == OVERLAP, plan=dealt)
     ep = WorkerShards(comms or [comm], plan.layouts, plan.bounds,
                       poll_limit=cfg.runtime.poll_max_ms / 1000.0,
                       theta_into=steps_fn.pull_buffer)
@@ -560,9 +563,9 @@ def _finish(w: _Worker, stopped: bool, version: object, run_id: str) -> int:
     return code
 
 
-def run_worker(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
+def run_worker(cfg: Config, comm: MPI.Intracomm, shards_plan: Plan, problem: Problem,
                placement: Placement, start_seq: int = 0, run_id: str = "",
-               comms: list[MPI.Intracomm] | None = None) -> int:
+               comms: list[MPI.Intracomm] | None = None, plan: list | None = None) -> int:
     """Train until the data budget is used (or the master stops the run early); returns the
     master's stop word (one of gem_mpi.protocol's stop words).
 
@@ -570,9 +573,10 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
     worker were applied before it, so its data stream continues after them. ``comms``: each
     shard's communicator (:func:`gem_mpi.transport.endpoints.shard_comm`; default ``comm``,
     one master). The worker's number (1..n) is its rank less the masters' ranks before it
-    but one, so worker w reads the same data, whatever --masters.
+    but one, so worker w reads the same data, whatever --masters. ``plan``: its batches
+    once the run changed its number of workers (:mod:`gem_mpi.problem.elastic`).
     """
-    w = _set_up(cfg, comm, plan, problem, placement, start_seq, run_id, comms)
+    w = _set_up(cfg, comm, shards_plan, problem, placement, start_seq, run_id, comms, plan)
     try:
         version = w.ep.pull()
         w.split.charge("pull")

@@ -48,7 +48,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from gem_mpi.config import DataConfig, OptimConfig
+from gem_mpi.config import DataConfig, OptimConfig, synchronous
 from gem_mpi.errors import OutputError, UsageError
 from gem_mpi.outputs.files import atomic_write, os_reason
 
@@ -94,6 +94,8 @@ class Checkpoint:
     inner_m: np.ndarray | None = None
     shard_clock: np.ndarray | None = None  # --masters K > 1: each shard's clock and tickets
     shard_tickets: np.ndarray | None = None
+    # once the worker count changed: each worker's dealt batches (gem_mpi.problem.elastic)
+    data_plan: np.ndarray | None = None
     path: str = ""  # where it was loaded from (not stored)
     changes: dict[str, list] = field(default_factory=dict)  # what this resume changes
 
@@ -114,7 +116,7 @@ class Checkpoint:
 
 
 ARRAYS = ("theta", "next_seq", "momentum", "kept_s", "proxy_m", "shard_clock", "shard_tickets",
-          "rows_shards", "inner_m")
+          "rows_shards", "inner_m", "data_plan")
 _INTS = ("clock", "rows_updates", "rows_eval", "rows_rejected", "n_workers")
 
 
@@ -249,9 +251,11 @@ def _setting(config: dict, key: str) -> object:
 def check_compatible(ckpt: Checkpoint, config: dict, n_workers: int) -> None:
     """A checkpoint of another setting or size of job cannot be continued: say which."""
     path = ckpt.path
-    if ckpt.n_workers != n_workers:
+    if ckpt.n_workers != n_workers and synchronous(config.get("method", "")):
         raise UsageError(f"--resume {path!r} was written by a run of {ckpt.n_workers} "
-                         f"workers, this one has {n_workers}")
+                         f"workers, this one has {n_workers} (--method "
+                         f"{config.get('method')} resumes on as many workers; the "
+                         "asynchronous methods on any number)")
     # each shard's clock and tickets are its own: the cut must stay the same
     was, now = ckpt.config.get("masters", 1), config.get("masters", 1)
     if was != now:
@@ -263,6 +267,21 @@ def check_compatible(ckpt: Checkpoint, config: dict, n_workers: int) -> None:
                              f"{_setting(ckpt.config, key)!r}, now {config.get(key)!r}; a resume "
                              f"may change only {', '.join('--' + k.replace('_', '-') for k in MAY_CHANGE)} "
                              "of the update rule and the data")
+
+
+def resize(ckpt: Checkpoint, next_seq: np.ndarray, data_plan: np.ndarray) -> Checkpoint:
+    """The checkpoint of n workers continued by m = ``len(next_seq)``: each worker's next
+    update number and its dealt batches (gem_mpi.problem.elastic); the s the master keeps
+    per worker (--gem-shift paper) carried for the continuing workers, zero for a new one
+    (it sends its s with its first update). The rest (θ, the clock, tickets, the master's m
+    or v, the rows) is the run's, whatever its workers."""
+    m, keep = len(next_seq), min(len(next_seq), ckpt.n_workers)
+    kept = ckpt.kept_s
+    if kept is not None:
+        kept = np.zeros((m, kept.shape[1]), kept.dtype)
+        kept[:keep] = ckpt.kept_s[:keep]
+    return dataclasses.replace(ckpt, n_workers=m, next_seq=np.asarray(next_seq, np.int64),
+                               kept_s=kept, data_plan=np.asarray(data_plan, np.int64))
 
 
 def changes(ckpt: Checkpoint, config: dict) -> dict[str, list]:

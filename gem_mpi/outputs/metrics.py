@@ -178,7 +178,8 @@ class MetricsWriter:
         self.closed = False
         self.summary_fields = summary_fields(config["method"])
         if resume_rows is not None:
-            self._reopen(resume_rows, resume_log, resume_shard_rows or [0] * (masters - 1))
+            self._reopen(resume_rows, resume_log, resume_shard_rows or [0] * (masters - 1),
+                         n_workers)
             return
         # no chunk cache: a failed write (disk full) then raises at once, in our call,
         # instead of when HDF5 evicts the chunk later, or at exit
@@ -195,6 +196,7 @@ class MetricsWriter:
         self._record_wire()
         if resume_log is not None:  # a resumed run whose metrics file starts here
             _log_resume(f, resume_log)
+        _begin_segment(f, resume_log["clock"] if resume_log else 0, n_workers)
         t = f.create_group("tensors")
         t.create_dataset("name", data=np.array(tensor_names, dtype=h5py.string_dtype()))
         t.create_dataset("size", data=np.asarray(tensor_sizes, dtype=np.int64))
@@ -234,7 +236,7 @@ class MetricsWriter:
             self._f.attrs["bytes_pulled_per_update"] = int(self.wire_bytes[1])
 
     def _reopen(self, rows: tuple[int, int, int], log: dict | None,
-                shard_rows: list[int]) -> None:
+                shard_rows: list[int], n_workers: int) -> None:
         """Continue a checkpointed run's file (:func:`check_resumable` made sure it is this
         run's): cut every table back to the checkpoint's rows."""
         try:
@@ -273,7 +275,17 @@ class MetricsWriter:
         for name in self.summary_fields:
             f["summary"][name][()] = np.nan
         if "worker_time" in f["summary"]:
-            f["summary"]["worker_time"][...] = np.nan
+            wt = f["summary"]["worker_time"]
+            if wt.shape[0] != n_workers:  # resumed on another number of workers
+                columns = wt.attrs["columns"]
+                del f["summary"]["worker_time"]
+                wt = f["summary"].create_dataset("worker_time", data=np.full(
+                    (n_workers, len(WORKER_TIME_COLUMNS)), np.nan))
+                wt.attrs["columns"] = columns
+            wt[...] = np.nan
+        f.attrs["n_workers"] = n_workers
+        if log is not None:
+            _begin_segment(f, int(log["clock"]), n_workers)
         f.attrs["resumes"] = int(f.attrs.get("resumes", 0)) + 1
         self._record_wire()
         if log is not None:
@@ -384,6 +396,18 @@ class MetricsWriter:
         except (OSError, RuntimeError) as exc:
             self._fail(exc, good)
         self.closed = True
+
+
+def _begin_segment(f: h5py.File, clock: int, workers: int) -> None:
+    """This start's segment in the file's ``segments`` (JSON list of clock_from, clock_to,
+    workers): the segments from ``clock`` on are cut (their rows were), the one before
+    ends there; the last one's clock_to stays null (it ends with the file's rows: an
+    attribute cannot grow while the file is open for SWMR)."""
+    segments = [s for s in json.loads(f.attrs.get("segments", "[]")) if s["clock_from"] < clock]
+    if segments:
+        segments[-1]["clock_to"] = clock
+    segments.append({"clock_from": clock, "clock_to": None, "workers": workers})
+    f.attrs["segments"] = json.dumps(segments)
 
 
 def _log_resume(f: h5py.File, entry: dict) -> None:

@@ -8,6 +8,7 @@ paths work in a bare torch + numpy environment.
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import itertools
 import math
@@ -696,6 +697,44 @@ def batch_plan(
                 yield epoch * steps + step, order[step * batch_size : (step + 1) * batch_size]
 
     return BatchPlan(split, seed, shard_index, plan())
+
+
+@dataclass(frozen=True)
+class DealtPlan(BatchPlan):
+    """A worker's batches after its run changed its number of workers
+    (:mod:`gem_mpi.problem.elastic`): its step ``seq`` is batch ``seq`` of its plan, each
+    batch made as its source stream makes it (the source's seed, shard and step)."""
+
+    starts: tuple[int, ...] = ()  # each run's first step
+    sources: tuple[tuple[int, int, int], ...] = ()  # each run's (seed, shard index, step)
+
+    def make(self, step: int, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        i = bisect.bisect_right(self.starts, step) - 1
+        seed, shard_index, first = self.sources[i]
+        return self.split.make(indices, first + step - self.starts[i], seed, shard_index)
+
+
+def dealt_plan(split: Split, batch_size: int, base_seed: int, shard: bool,
+               runs: list[tuple[int, int, int, int, int]], start: int = 0) -> DealtPlan:
+    """The plan of a worker whose batches were dealt (``runs``: (source, sources, epoch, lo,
+    hi) each); source s is the stream of seed ``base_seed`` + s, of the samples i mod
+    sources = s − 1 with ``shard``: the batches source s would have made, from ``start`` on."""
+    starts, sources, pos = [], [], 0
+    for s, n, e, lo, hi in runs:
+        per_epoch = steps_per_epoch(split, batch_size, (s - 1, n) if shard else None)
+        starts.append(pos)
+        sources.append((base_seed + s, s - 1 if shard else 0, e * per_epoch + lo))
+        pos += hi - lo
+
+    def plan() -> Iterator[tuple[int, torch.Tensor]]:
+        for first, (s, n, e, lo, hi) in zip(starts, runs):
+            if first + hi - lo <= start:
+                continue
+            order = epoch_indices(len(split), e, base_seed + s, (s - 1, n) if shard else None)
+            for j in range(lo + max(start - first, 0), hi):
+                yield first + j - lo, order[j * batch_size:(j + 1) * batch_size]
+
+    return DealtPlan(split, base_seed, 0, plan(), tuple(starts), tuple(sources))
 
 
 def iterate_batches(

@@ -127,12 +127,16 @@ class LoaderBatches:
 
 def load_batches(split: Split, batch_size: int, epochs: int, seed: int,
                  shard: tuple[int, int] | None = None, start: int = 0, *, workers: int = 0,
-                 step_seed: tuple[int, int] = (0, 0), pin_memory: bool = False
-                 ) -> BatchStream:
+                 step_seed: tuple[int, int] = (0, 0), pin_memory: bool = False,
+                 plan: BatchPlan | None = None) -> BatchStream:
     """A worker's training batches, as :func:`gem_mpi.problem.data.iterate_batches` gives
     them (shuffled, whole batches, from batch ``start`` on), made in this process
     (``workers`` 0) or in ``workers`` loader processes. ``step_seed``: (seed, worker) of
-    :func:`~gem_mpi.problem.data.seed_step`, with which the worker seeds each step."""
+    :func:`~gem_mpi.problem.data.seed_step`, with which the worker seeds each step.
+    ``plan``: follow this plan instead (a worker's dealt batches, already from ``start``)."""
+    if plan is not None:
+        return (LoaderBatches(plan, workers, step_seed, pin_memory) if workers else
+                (plan.make(step, indices) for step, indices in plan.steps))
     if workers == 0:
         return iterate_batches(split, batch_size, epochs, seed, shard, start=start)
     plan = batch_plan(split, batch_size, epochs, seed, shard, start=start)

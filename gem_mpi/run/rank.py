@@ -111,15 +111,19 @@ def seed_dropout(seed: int, worker: int, step: int) -> None:
     seed_step(seed, worker, step)
 
 
-def data_stream(data: DataConfig, worker: int, n_workers: int, start_seq: int = 0) -> tuple:
+def data_stream(data: DataConfig, worker: int, n_workers: int, start_seq: int = 0,
+                runs: list | None = None) -> tuple:
     """(steps, batches) of worker number ``worker`` (1..n): the same stream whichever method
     runs it, so that methods are compared on the same data, and whether its batches are made
     in this process or in --loader-workers processes (page-locked when this rank trains on a
-    GPU, as :func:`torch_device` decides). ``batches.close()`` ends the loader processes."""
+    GPU, as :func:`torch_device` decides). ``batches.close()`` ends the loader processes.
+    ``runs``: the worker's plan once its run changed its number of workers
+    (:mod:`gem_mpi.problem.elastic`), its batches dealt from the first start's streams."""
     # torch models only (problem.data imports torch; the quadratic never does)
     import torch
 
-    from gem_mpi.problem.data import steps_per_epoch, training_split
+    from gem_mpi.problem.data import dealt_plan, steps_per_epoch, training_split
+    from gem_mpi.problem.elastic import length
     from gem_mpi.problem.loader import load_batches
 
     shard = (worker - 1, n_workers) if data.shard else None
@@ -127,10 +131,15 @@ def data_stream(data: DataConfig, worker: int, n_workers: int, start_seq: int = 
     steps = steps_per_epoch(split, data.batch_size, shard) * data.epochs
     if data.max_steps:
         steps = min(steps, data.max_steps)
+    plan = None
+    if runs is not None:
+        steps = length(runs)
+        plan = dealt_plan(split, data.batch_size, data.seed * 100_003, data.shard, runs,
+                          start_seq)
     batches = load_batches(split, data.batch_size, data.epochs,
                            seed=data.seed * 100_003 + worker, shard=shard, start=start_seq,
                            workers=data.loader_workers, step_seed=(data.seed, worker),
-                           pin_memory=torch.cuda.is_available())
+                           pin_memory=torch.cuda.is_available(), plan=plan)
     cores = _cores()
     if data.loader_workers >= cores:
         print(f"gem_mpi: worker {worker}: its {data.loader_workers} loader processes and its "
@@ -139,6 +148,23 @@ def data_stream(data: DataConfig, worker: int, n_workers: int, start_seq: int = 
               "mpirun --bind-to none, or --map-by slot:PE=N; srun --cpus-per-task=N)",
               file=sys.stderr, flush=True)
     return steps, batches
+
+
+def first_plans(data: DataConfig, sources: int, quadratic: bool) -> list:
+    """Each worker's plan in a run of ``sources`` workers that never changed their number:
+    worker s reads its own stream whole (:func:`data_stream`; the quadratic's steps as one
+    epoch, it has no data). What :func:`gem_mpi.problem.elastic.redeal` starts from."""
+    from gem_mpi.problem.elastic import source_plan
+
+    if quadratic:
+        steps = data.max_steps or data.epochs * max(1, data.synthetic_size // data.batch_size)
+        return [source_plan(s, sources, steps, 1) for s in range(1, sources + 1)]
+    from gem_mpi.problem.data import steps_per_epoch, training_split
+
+    split = training_split(data, synthetic_size=data.synthetic_size)
+    return [source_plan(s, sources, steps_per_epoch(split, data.batch_size, (s - 1, sources)
+                                                    if data.shard else None),
+                        data.epochs, data.max_steps) for s in range(1, sources + 1)]
 
 
 def slowness(cfg: Config, world_size: int, worker: int) -> float:

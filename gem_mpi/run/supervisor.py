@@ -275,6 +275,8 @@ class RunSupervisor:
                                  else 0.0)
         if resumed:
             engine.load_state(resumed)
+        # the workers' dealt batches once the worker count changed: every checkpoint on
+        self.data_plan = resumed.data_plan if resumed else None
         self.elapsed0 = resumed.elapsed_s if resumed else 0.0
         self.t0 = time.perf_counter() - self.elapsed0  # a resumed run's times continue
         self._first = engine.position
@@ -282,8 +284,9 @@ class RunSupervisor:
         self.summary: dict = {}  # what the metrics file's /summary holds, once the run ended
 
     # --- the parts of a checkpoint that are the supervisor's --------------------------------
-    def state(self) -> dict[str, float | str]:
-        return {"elapsed_s": self.elapsed(), "run_id": self.run_id}
+    def state(self) -> dict[str, Any]:
+        return {"elapsed_s": self.elapsed(), "run_id": self.run_id,
+                "data_plan": self.data_plan}
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0

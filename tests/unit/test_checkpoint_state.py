@@ -102,5 +102,7 @@ def test_changes_and_compatibility_read_the_typed_checkpoint():
     now = Config.of(lr=0.02).as_dict()
     checkpoint.check_compatible(ckpt, now, WORKERS)
     assert checkpoint.changes(ckpt, now)["lr"] == [0.05, 0.02]
+    checkpoint.check_compatible(ckpt, now, WORKERS + 1)  # asynchronous: any number
+    ckpt.config = Config.of(method="sync").as_dict()
     with pytest.raises(UsageError, match="run of 3 workers, this one has 4"):
-        checkpoint.check_compatible(ckpt, now, WORKERS + 1)
+        checkpoint.check_compatible(ckpt, Config.of(method="sync").as_dict(), WORKERS + 1)

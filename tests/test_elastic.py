@@ -1,0 +1,166 @@
+"""Elastic workers under real mpirun (issue 39, item 1): a run of 4 workers stopped by
+SIGUSR1, resumed on 2, stopped again, resumed on 6 to its end.
+
+On the quadratic the run is replayable from its log, so every asynchronous method must end
+with the replay's θ bit for bit, the continuing workers' m carried across each resume and
+a new worker's starting at 0; every update is applied once per segment and the budget (the
+first start's 4 × steps updates) neither shrinks nor grows. On a dataset whose targets are
+the samples' indices (tests/user_code/elastic_probe.py) each update's loss names its batch:
+every worker computed the batches its plan deals it, and every sample of every epoch is
+seen exactly once over the three segments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import REPO, quadratic_args, signal_when, train, train_background
+
+from gem_mpi.algorithm.reference import replay
+from gem_mpi.outputs import checkpoint
+from gem_mpi.outputs.analysis import load_run
+from gem_mpi.problem import elastic
+from gem_mpi.problem.quadratic import Quadratic
+
+pytestmark = pytest.mark.mpi
+
+USER_CODE = REPO / "tests" / "user_code"
+DIM, STEPS, LR, PI_MAX = 2000, 6000, 0.05, 50.0
+SIZES = (4, 2, 6)  # the workers of each segment
+
+
+def _clock_of(tmp: Path) -> int:
+    path = checkpoint.latest(str(tmp))
+    return -1 if path is None else checkpoint.load(path).clock
+
+
+def _segments(tmp: Path, args: list[str], env: dict | None = None
+              ) -> tuple[list[checkpoint.Checkpoint], list[str]]:
+    """Run ``args`` on 4 workers, stop it (SIGUSR1) at its first checkpoint, resume it on 2,
+    stop it at a later checkpoint, resume it on 6 to the end; each stop's checkpoint and
+    each start's stderr."""
+    stops, errs = [], []
+    for i, n in enumerate(SIZES):
+        resume = ["--resume", "auto"] if i else []
+        proc = train_background(n + 1, *args, *resume, env=env)
+        if i < len(SIZES) - 1:
+            before = _clock_of(tmp)
+            err = signal_when(proc, lambda b=before: _clock_of(tmp) > b)
+            assert proc.returncode == 3, err
+            stops.append(checkpoint.load(checkpoint.latest(str(tmp))))
+        else:
+            err = proc.communicate(timeout=300)[1]
+            assert proc.returncode == 0, err
+        assert "Traceback" not in err
+        errs.append(err)
+    assert "workers 4 -> 2" in errs[1] and "workers 2 -> 6" in errs[2]
+    return stops, errs
+
+
+def _check_segments(tmp: Path, stops: list[checkpoint.Checkpoint], budget: int
+                    ) -> tuple[dict, list[list[elastic.Plan]]]:
+    """Every update once per segment, each worker's seqs running on from where the segment
+    found it; the budget kept. Returns the log and each segment's plans."""
+    run = load_run(tmp / "run.h5")
+    u = run.updates
+    assert run.summary["finished"] == 1.0
+    assert u["clock"].tolist() == list(range(budget))  # nothing lost, nothing added
+    segments = json.loads(run.attrs["segments"])
+    bounds = [0, stops[0].clock, stops[1].clock, budget]
+    assert [(s["clock_from"], s["workers"]) for s in segments] == list(zip(bounds, SIZES))
+    assert [s["clock_to"] for s in segments[:-1]] == bounds[1:3]
+    final = checkpoint.load(checkpoint.latest(str(tmp)))
+    plans = [None, elastic.from_array(stops[1].data_plan, 2),
+             elastic.from_array(final.data_plan, 6)]
+    starts = [np.zeros(4, np.int64), stops[0].next_seq[:2],
+              np.r_[stops[1].next_seq, np.zeros(4, np.int64)]]
+    ends = [stops[0].next_seq, stops[1].next_seq,
+            np.array([elastic.length(p) for p in plans[2]])]
+    assert sum(int(e) for e in ends[2]) > 0
+    for k in range(3):
+        rows = slice(bounds[k], bounds[k + 1])
+        pairs = Counter(zip(u["worker"][rows].tolist(), u["seq"][rows].tolist()))
+        expected = {(w + 1, s) for w in range(SIZES[k])
+                    for s in range(int(starts[k][w]), int(ends[k][w]))}
+        assert set(pairs) == expected and max(pairs.values()) == 1, k
+    assert np.array_equal(final.next_seq, ends[2])
+    return u, plans
+
+
+@pytest.mark.parametrize("method", ["gem", "gem-paper", "downpour", "adaptive", "gap-aware"])
+def test_four_workers_resume_on_two_then_six_exactly(tmp_path, method):
+    shift = "paper" if method == "gem-paper" else "others"
+    method = method.removesuffix("-paper")
+    args = quadratic_args(method=method, dim=DIM, steps=STEPS, lr=LR,
+                          metrics=tmp_path / "run.h5", save=tmp_path / "theta.npy",
+                          checkpoint_dir=tmp_path, checkpoint_every=0.3, eval_every=0)
+    if method == "gem":
+        args += ["--pi-max", str(PI_MAX), "--gem-shift", shift]
+    stops, errs = _segments(tmp_path, args)
+    if method == "gem":  # the continuing workers found their m, the new ones start at 0
+        assert "worker momentum restored for 2 of 2 workers" in errs[1]
+        assert "worker momentum restored for 2 of 6 workers" in errs[2]
+    u, _ = _check_segments(tmp_path, stops, 4 * STEPS)
+    # bit for bit: each continuing worker's m (and, paper, its kept s) ran on, a new one's
+    # started afresh, Gap-Aware's v and the clock carried over
+    ref = replay(u, Quadratic(DIM, 0), method, LR, momentum=0.9, pi_max=PI_MAX, shift=shift,
+                 new_at_seq0=True)
+    assert np.array_equal(np.load(tmp_path / "theta.npy"), ref.theta)
+
+
+BATCH, EPOCHS = 4, 4
+SAMPLES = 4003  # elastic_probe.SAMPLES
+
+
+@pytest.mark.parametrize("method", ["gem", "downpour", "adaptive", "gap-aware"])
+def test_no_sample_of_an_epoch_is_lost_or_seen_twice(tmp_path, method):
+    from gem_mpi.problem.data import epoch_indices
+
+    args = ["--model", "elastic_probe:linear", "--dataset", "elastic_probe:indexed",
+            "--loss", "elastic_probe:index_sum", "--method", method, "--shard",
+            "--batch-size", str(BATCH), "--epochs", str(EPOCHS), "--no-stop-on-divergence",
+            "--metrics", str(tmp_path / "run.h5"), "--checkpoint-dir", str(tmp_path),
+            "--checkpoint-every", "0.3", "--eval-every", "0"]
+    env = {"PYTHONPATH": f"{USER_CODE}{os.pathsep}{REPO}"}
+    stops, _ = _segments(tmp_path, args, env)
+    seed = stops[0].config["seed"] * 100_003
+    per_epoch = [len(range(s, SAMPLES, 4)) // BATCH for s in range(4)]
+    first = [elastic.source_plan(s + 1, 4, per_epoch[s], EPOCHS) for s in range(4)]
+    u, plans = _check_segments(tmp_path, stops, EPOCHS * sum(per_epoch))
+    plans[0] = first
+    orders: dict[tuple[int, int], np.ndarray] = {}
+    seen: dict[int, Counter] = {e: Counter() for e in range(EPOCHS)}
+    bounds = json.loads(load_run(tmp_path / "run.h5").attrs["segments"])
+    for k, seg in enumerate(bounds):
+        rows = slice(seg["clock_from"], seg["clock_to"])
+        for w, seq, loss in zip(u["worker"][rows].tolist(), u["seq"][rows].tolist(),
+                                u["loss"][rows].tolist()):
+            s, n, e, j = elastic.batch_of(plans[k][w - 1], seq)
+            if (s, e) not in orders:
+                orders[s, e] = epoch_indices(SAMPLES, e, seed + s, (s - 1, n)).numpy()
+            batch = orders[s, e][j * BATCH:(j + 1) * BATCH]
+            assert loss == float(batch.sum()), (k, w, seq)  # it computed that batch
+            seen[e].update(batch.tolist())
+    for e in range(EPOCHS):
+        whole = Counter(int(i) for s in range(1, 5)
+                        for i in orders[s, e][:per_epoch[s - 1] * BATCH])
+        assert seen[e] == whole, e  # every sample of the epoch once
+
+
+def test_a_resume_on_other_workers_still_refuses_what_may_not_change(tmp_path):
+    args = quadratic_args(method="gem", dim=DIM, steps=STEPS, lr=LR,
+                          metrics=tmp_path / "run.h5", checkpoint_dir=tmp_path,
+                          checkpoint_every=0.3, eval_every=0)
+    proc = train_background(5, *args)
+    err = signal_when(proc, lambda: _clock_of(tmp_path) >= 0)
+    assert proc.returncode == 3, err
+    res = train(3, *args, "--momentum", "0.5", "--resume", "auto", timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: error")]
+    assert len(lines) == 1 and "--momentum was 0.9, now 0.5" in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
