@@ -2,7 +2,8 @@
 changed its workers are their own streams; a resume on m workers deals the batches not done
 so that none of an epoch is lost or dealt twice, each continuing worker keeps its past and
 its own next batches, each worker gets an equal share of each epoch; the checkpoint's
-remap; the metrics file's segments."""
+remap; the metrics file's segments; a dealt batch is the one its source makes, in
+the worker's process and in loader processes alike."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from collections import Counter
 import h5py
 import numpy as np
 import pytest
+import torch
 
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.checkpoint import Checkpoint
 from gem_mpi.outputs.metrics import MetricsWriter
-from gem_mpi.problem import elastic
+from gem_mpi.problem import data, elastic
 from gem_mpi.problem.elastic import batch_of, cut, length, redeal, source_plan
 
 
@@ -95,3 +97,46 @@ def test_the_metrics_file_records_each_segment_and_resizes_the_worker_times(tmp_
         segments = json.loads(f.attrs["segments"])
     assert segments == [{"clock_from": 0, "clock_to": 40, "workers": 4},
                         {"clock_from": 40, "clock_to": None, "workers": 2}]
+
+
+def _dealt(workers: int, runs: list, start: int) -> list[tuple]:
+    import itertools
+
+    from gem_mpi.problem.loader import load_batches
+
+    split = data.load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=500)
+    plan = data.dealt_plan(split, 20, 300, True, runs, start)
+    stream = load_batches(split, 20, 1, seed=0, workers=workers, step_seed=(3, 1), plan=plan)
+    try:
+        out = []
+        for seq in itertools.count(start):
+            data.seed_step(3, 1, seq)
+            try:
+                x, y = next(stream)
+            except StopIteration:
+                return out
+            out.append((seq, x, y, torch.rand(3)))  # what dropout would draw next
+    finally:
+        stream.close()
+
+
+RUNS = [(2, 2, 1, 3, 6), (1, 2, 0, 10, 12), (2, 2, 0, 0, 1)]
+
+
+def test_a_dealt_batch_is_the_batch_its_source_makes():
+    split = data.load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=500)
+    sources = {s: list(data.iterate_batches(split, 20, 2, seed=300 + s, shard=(s - 1, 2)))
+               for s in (1, 2)}
+    got = _dealt(0, RUNS, 1)
+    want = [sources[s][e * 12 + j] for s, _, e, lo, hi in RUNS for j in range(lo, hi)][1:]
+    assert [seq for seq, *_ in got] == list(range(1, 6))
+    for (_, x, y, _), (x0, y0) in zip(got, want, strict=True):
+        assert torch.equal(x, x0) and torch.equal(y, y0)
+
+
+@pytest.mark.mpi  # loader processes are processes
+def test_loader_processes_make_the_dealt_batches_bit_for_bit():
+    mine, loaded = _dealt(0, RUNS, 2), _dealt(2, RUNS, 2)
+    assert len(mine) == len(loaded) == 4
+    for a, b in zip(mine, loaded, strict=True):
+        assert a[0] == b[0] and all(torch.equal(u, v) for u, v in zip(a[1:], b[1:]))
