@@ -311,6 +311,13 @@ class RuntimeConfig:
                        "tensors) with its own clock, tickets and mailboxes; every worker "
                        "commits to and pulls from each; asynchronous methods only. Must match "
                        "the checkpoint on --resume", check=POSITIVE, metavar="K")
+    group_size: int = opt(1, "G: consecutive worker ranks of a node form one worker group "
+                          "that trains synchronously inside (torch.distributed: gloo on the "
+                          "CPU, NCCL on GPUs; the gradients of the G parts of the group's "
+                          "batch of G × --batch-size averaged every step) and is one GEM "
+                          "worker to the master: its first rank, the leader, commits and "
+                          "pulls; G must divide each node's worker ranks; asynchronous "
+                          "methods and torch models only", check=POSITIVE, metavar="G")
     no_extension: bool = opt(False, "use the numpy reference at the master (and the "
                              "three-pass fold of the GEM workers' momentum) even when the C++ "
                              "extension is built")
@@ -407,8 +414,10 @@ def parse(argv: list[str]) -> tuple[Config | None, str | None]:
 
 def n_workers(cfg: Config, world_size: int) -> int:
     """Workers in a job of ``world_size`` ranks: all of them for sync, all but the --masters
-    master ranks else."""
-    return world_size if synchronous(cfg.method) else world_size - cfg.runtime.masters
+    master ranks else, a group of --group-size ranks counting as one."""
+    if synchronous(cfg.method):
+        return world_size
+    return (world_size - cfg.runtime.masters) // cfg.runtime.group_size
 
 
 def straggler(cfg: Config, world_size: int) -> tuple[int, float] | None:

@@ -19,6 +19,7 @@ from gem_mpi.algorithm.kernel import kernel_threads
 from gem_mpi.baseline.diloco import check_diloco
 from gem_mpi.baseline.sync import check_ddp, check_horovod, run_sync
 from gem_mpi.engine import shards
+from gem_mpi.engine.group import Group, run_member
 from gem_mpi.engine.master import Master, Role, start_master
 from gem_mpi.engine.worker import run_worker
 from gem_mpi.errors import GemError, UsageError
@@ -27,7 +28,13 @@ from gem_mpi.outputs.metrics import check_resumable
 from gem_mpi.problem import Problem, build_problem, elastic
 from gem_mpi.protocol import shard_cut
 from gem_mpi.run.preflight import validate
-from gem_mpi.run.rank import first_plans, gather_placement, local_placement
+from gem_mpi.run.rank import (
+    first_plans,
+    gather_placement,
+    group_check,
+    local_placement,
+    torch_device,
+)
 from gem_mpi.run.supervisor import (
     EXIT_CODES,
     EXIT_USAGE,
@@ -62,6 +69,8 @@ def prepare(cfg: config.Config, comm: MPI.Intracomm
         error = window_check(comm)  # a stack that cannot make the windows: one line, exit 2
     if error is None and cfg.optim.worker_mode == config.OVERLAP:
         error = thread_check(comm)  # a compute thread beside the MPI one
+    if error is None and cfg.runtime.group_size > 1:
+        error = group_check(comm, cfg.runtime.masters, cfg.runtime.group_size)
     return error, resumed
 
 
@@ -144,10 +153,17 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint 
     masters = cfg.runtime.masters if not config.synchronous(cfg.method) else 1
     placement = local_placement(comm, masters)  # collective: every rank, before the windows
     problem = build_problem(cfg.data, with_theta0=rank < masters)
+    n_workers = config.n_workers(cfg, comm.Get_size())  # a group of ranks counts as one
+    group_comm = None
+    if cfg.runtime.group_size > 1 and not config.synchronous(cfg.method):
+        world = comm
+        comm, group_comm = _split_groups(world, cfg.runtime.group_size, masters)
+        if comm is None:  # a group's member: its leader is the worker the master sees
+            return _member(cfg, world, group_comm, problem, placement)
+        rank = comm.Get_rank()  # a master's or a leader's place among the engine's ranks
     # --verbose: rank 0 learns where every rank runs, for its placement line
     ranks = gather_placement(comm, placement, cfg.runtime.threads, problem.quadratic is None
                              ) if cfg.monitor.verbose and not config.synchronous(cfg.method) else None
-    n_workers = config.n_workers(cfg, comm.Get_size())
     if resumed is not None and resumed.theta.size != problem.n_params:
         raise UsageError(f"--resume {resumed.path!r} holds {resumed.theta.size} "
                          f"parameters, this model has {problem.n_params}")
@@ -184,11 +200,42 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint 
             result.update(theta=master.final_theta, summary=master.sup.summary)
         return outcome
     worker = rank - masters + 1  # 1..n
-    code = run_worker(cfg, comm, plan, problem, placement,
-                      start_seq=0 if start_seqs is None else start_seqs[worker - 1],
-                      run_id=run_id, comms=comms,
-                      plan=None if plans is None else plans[worker - 1])
+    start_seq = 0 if start_seqs is None else start_seqs[worker - 1]
+    dealt = None if plans is None else plans[worker - 1]
+    group = None
+    if group_comm is not None:  # this worker leads a group: its members start where it does
+        group_comm.bcast((worker, n_workers, start_seq, dealt), root=0)
+        group = Group(cfg, group_comm, torch_device(cfg.runtime.threads, placement))
+    code = run_worker(cfg, comm, plan, problem, placement, start_seq=start_seq,
+                      run_id=run_id, comms=comms, plan=dealt, group=group)
+    if group is not None:
+        group.end(code)
+        group.close()
     # the master alone reports how the run ended; every rank exits with its code
+    return OUTCOME_OF.get(code, Outcome.FAILED)
+
+
+def _split_groups(world: MPI.Intracomm, size: int, masters: int
+                  ) -> tuple[MPI.Intracomm | None, MPI.Intracomm | None]:
+    """Collective: (the communicator the engine runs on, the masters and each group's leader,
+    or None on a member; this worker rank's group, leader first, or None on a master)."""
+    rank = world.Get_rank()
+    member = (rank - masters) % size if rank >= masters else -1
+    group = world.Split((rank - masters) // size if rank >= masters else MPI.UNDEFINED, rank)
+    engine = world.Split(0 if member <= 0 else MPI.UNDEFINED, rank)
+    return (None if engine == MPI.COMM_NULL else engine,
+            None if group == MPI.COMM_NULL else group)
+
+
+def _member(cfg: config.Config, world: MPI.Intracomm, group_comm: MPI.Intracomm,
+            problem: Problem, placement: object) -> Outcome:
+    """A group member's part: where its leader starts, then the member's loop."""
+    worker, n_workers, start_seq, dealt = group_comm.bcast(None, root=0)
+    group = Group(cfg, group_comm, torch_device(cfg.runtime.threads, placement))
+    try:
+        code = run_member(cfg, group, problem, placement, worker, n_workers, start_seq, dealt)
+    finally:
+        group.close()
     return OUTCOME_OF.get(code, Outcome.FAILED)
 
 

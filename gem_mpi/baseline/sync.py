@@ -38,7 +38,7 @@ from gem_mpi.run.monitor import LossWatch
 from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
 from gem_mpi.run.supervisor import FINISHED, Outcome, RunSupervisor, StopFlag, Verdict, say
 from gem_mpi.transport import MPI
-from gem_mpi.transport.runtime import node_count
+from gem_mpi.transport.runtime import node_count, rendezvous
 
 ROOT = 0
 _CODE = {outcome: float(i + 1) for i, outcome in enumerate(Outcome)}  # 0: no verdict
@@ -140,21 +140,13 @@ class _Ddp:
 
     def __init__(self, cfg: Config, comm: MPI.Intracomm, device: object) -> None:
         import datetime
-        import socket
 
         import torch
         import torch.distributed as dist
 
         self.dist, self.device = dist, device
-        addr = port = None
-        nodes = node_count(comm)  # collective: every rank
-        if comm.Get_rank() == ROOT:
-            addr = os.environ.get("MASTER_ADDR") or (
-                "127.0.0.1" if nodes == 1 else socket.gethostbyname(socket.gethostname()))
-            with socket.socket() as probe:  # a free port: bound, read, released
-                probe.bind(("", 0))
-                port = probe.getsockname()[1]
-        addr, port = comm.bcast((addr, port), root=ROOT)
+        addr, port = rendezvous(comm, local=node_count(comm) == 1 and
+                                "MASTER_ADDR" not in os.environ)
         backend = "nccl" if device.type == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=cfg.monitor.worker_timeout or 1800.0)
         dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}",

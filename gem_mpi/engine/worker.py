@@ -29,6 +29,7 @@ from gem_mpi.algorithm.kernel import load_extension
 from gem_mpi.algorithm.rule import WorkerRule
 from gem_mpi.algorithm.stepsize import Schedule, clip
 from gem_mpi.config import AMP_BF16, OVERLAP, PIPELINED, Config, DataConfig, OptimConfig
+from gem_mpi.engine.group import Group, group_data
 from gem_mpi.engine.shards import Plan
 from gem_mpi.outputs import checkpoint
 from gem_mpi.problem import Problem, unflatten
@@ -93,10 +94,11 @@ class _TorchSteps:
 
     def __init__(self, cfg: Config, problem: Problem, rank: int, n_workers: int,
                  placement: Placement, start_seq: int = 0, overlapped: bool = False,
-                 plan: list | None = None) -> None:
+                 plan: list | None = None, group: Group | None = None) -> None:
         """``overlapped`` (--worker-mode overlap): two Δθ buffers and three pull buffers
         taking turns, see :func:`_overlap_order`; ``plan``: the worker's dealt batches
-        (:mod:`gem_mpi.problem.elastic`; None: its own stream)."""
+        (:mod:`gem_mpi.problem.elastic`; None: its own stream); ``group``: this leader's
+        worker group (--group-size), whose members compute beside it every step."""
         import torch
 
         self.torch = torch
@@ -124,7 +126,9 @@ class _TorchSteps:
         self._deltas = [torch.empty(n, dtype=torch.float32, device=self.device)
                         for _ in range(2 if overlapped else 1)]
         self.delta = self._deltas[0]
-        self.steps, self.batches = data_stream(cfg.data, rank, n_workers, start_seq, plan)
+        self.group = group
+        data = cfg.data if group is None else group_data(cfg.data, group.size)
+        self.steps, self.batches = data_stream(data, rank, n_workers, start_seq, plan)
         self.lr = cfg.optim.lr
         self.schedule = Schedule.of(cfg.optim, self.steps)
         self.clip_norm = cfg.optim.clip_grad_norm
@@ -248,6 +252,9 @@ class _TorchSteps:
             self._bound = theta.ctypes.data
         self.load_s += time.perf_counter() - t
         x, y = self._batch(seq)
+        if self.group is not None:  # the members compute at this θ, each on its own part
+            self.group.theta(self._flat if self.on_gpu else torch.from_numpy(theta), seq)
+            x, y = self.group.part(x, y)
         turn = seq % len(self._deltas)
         if self._deferred:  # this turn's g, zeroed by the settle of two steps ago
             self._grad = self._grads[turn]
@@ -260,6 +267,8 @@ class _TorchSteps:
         loss.backward()  # accumulates into the views of self._grad (float32 parameters)
         if seq == self._first_seq:
             self._check_grads()
+        if self.group is not None:  # the group's gradient: the mean over its G parts
+            self.group.average(self._grad)
         if self.clip_norm > 0:  # before Δθ, and so before GEM's momentum fold
             torch.nn.utils.clip_grad_norm_(self.params, self.clip_norm)
         lr = self.lr if self.schedule.constant else float(self.schedule.eta(seq))
@@ -413,7 +422,8 @@ class _Worker:
 
 def _set_up(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
             placement: Placement, start_seq: int, run_id: str,
-            comms: list[MPI.Intracomm] | None, dealt: list | None = None) -> _Worker:
+            comms: list[MPI.Intracomm] | None, dealt: list | None = None,
+            group: Group | None = None) -> _Worker:
     """The worker's steps, endpoint and rule; a resumed GEM worker's momentum restored."""
     rank = comm.Get_rank() - (plan.masters - 1)  # the worker's number, 1..n
     if problem.quadratic is not None:
@@ -421,7 +431,8 @@ def _set_up(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
                                                                   rank, dealt)
     else:
         steps_fn = _TorchSteps(cfg, problem, rank, plan.n_workers, placement, start_seq,
-                               overlapped=cfg.optim.worker_mode == OVERLAP, plan=dealt)
+                               overlapped=cfg.optim.worker_mode == OVERLAP, plan=dealt,
+                               group=group)
     ep = WorkerShards(comms or [comm], plan.layouts, plan.bounds,
                       poll_limit=cfg.runtime.poll_max_ms / 1000.0,
                       theta_into=steps_fn.pull_buffer)
@@ -565,7 +576,8 @@ def _finish(w: _Worker, stopped: bool, version: object, run_id: str) -> int:
 
 def run_worker(cfg: Config, comm: MPI.Intracomm, shards_plan: Plan, problem: Problem,
                placement: Placement, start_seq: int = 0, run_id: str = "",
-               comms: list[MPI.Intracomm] | None = None, plan: list | None = None) -> int:
+               comms: list[MPI.Intracomm] | None = None, plan: list | None = None,
+               group: Group | None = None) -> int:
     """Train until the data budget is used (or the master stops the run early); returns the
     master's stop word (one of gem_mpi.protocol's stop words).
 
@@ -574,9 +586,11 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, shards_plan: Plan, problem: Pro
     shard's communicator (:func:`gem_mpi.transport.endpoints.shard_comm`; default ``comm``,
     one master). The worker's number (1..n) is its rank less the masters' ranks before it
     but one, so worker w reads the same data, whatever --masters. ``plan``: its batches
-    once the run changed its number of workers (:mod:`gem_mpi.problem.elastic`).
+    once the run changed its number of workers (:mod:`gem_mpi.problem.elastic`). ``group``:
+    this rank leads a worker group (--group-size, :mod:`gem_mpi.engine.group`).
     """
-    w = _set_up(cfg, comm, shards_plan, problem, placement, start_seq, run_id, comms, plan)
+    w = _set_up(cfg, comm, shards_plan, problem, placement, start_seq, run_id, comms, plan,
+                group)
     try:
         version = w.ep.pull()
         w.split.charge("pull")

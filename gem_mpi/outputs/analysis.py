@@ -431,13 +431,13 @@ def samples_per_second(run: Run) -> float:
     """Training samples per second while every worker was still running: up to the first
     worker's last update (asynchronous; a straggler's tail after the others finished would
     understate the rate), or the whole run (sync: every step has every worker)."""
-    batch = int(run.config.get("batch_size", 0))
+    batch = samples_per_update(run)  # b; a group's G × b
     t = run.col("time")
     if t is None or t.size == 0 or batch <= 0:
         return math.nan
     if synchronous(run.method):
         wall = wall_seconds(run)
-        return applied_updates(run) * run.n_workers * batch / wall if wall > 0 else math.nan
+        return applied_updates(run) * batch / wall if wall > 0 else math.nan
     w = run.col("worker")
     if w is None:
         return applied_updates(run) * batch / max(wall_seconds(run), 1e-9)
@@ -615,9 +615,11 @@ def diverged(run: Run) -> bool:
 
 
 def samples_per_update(run: Run) -> int:
-    """Training samples behind one /updates row: b, or n × b for a synchronous step."""
+    """Training samples behind one /updates row: b, n × b for a synchronous step, G × b for
+    a group's update (--group-size G)."""
     b = int(run.config.get("batch_size", 0))
-    return b * run.n_workers if synchronous(run.method) else b
+    return b * run.n_workers if synchronous(run.method) else b * int(
+        run.config.get("group_size", 1))
 
 
 def by_worker_step(run: Run, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

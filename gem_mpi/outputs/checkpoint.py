@@ -256,11 +256,14 @@ def check_compatible(ckpt: Checkpoint, config: dict, n_workers: int) -> None:
                          f"workers, this one has {n_workers} (--method "
                          f"{config.get('method')} resumes on as many workers; the "
                          "asynchronous methods on any number)")
-    # each shard's clock and tickets are its own: the cut must stay the same
-    was, now = ckpt.config.get("masters", 1), config.get("masters", 1)
-    if was != now:
-        raise UsageError(f"--resume {path!r} was written by a run of --masters {was}, this "
-                         f"one has --masters {now}; resume with --masters {was}")
+    # each shard's clock and tickets are its own: the cut must stay the same; a group's
+    # batch (G × --batch-size) is what its data plan counts in
+    for key in ("masters", "group_size"):
+        was, now = ckpt.config.get(key, 1), config.get(key, 1)
+        if was != now:
+            flag = "--" + key.replace("_", "-")
+            raise UsageError(f"--resume {path!r} was written by a run of {flag} {was}, this "
+                             f"one has {flag} {now}; resume with {flag} {was}")
     for key in MUST_MATCH:
         if _setting(ckpt.config, key) != config.get(key):
             raise UsageError(f"--resume {path!r}: --{key.replace('_', '-')} was "

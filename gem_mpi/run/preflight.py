@@ -121,6 +121,7 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         raise UsageError(f"--masters {masters} needs at least {masters + 1} MPI ranks (the "
                          f"masters and a worker), got {world_size}: launch with e.g. mpirun "
                          f"-n {masters + 4} python -m gem_mpi.train")
+    _check_groups(cfg, world_size)
     if sync and cfg.optim.worker_mode != WAIT:
         raise UsageError(f"--worker-mode is for the asynchronous methods: --method {method} "
                          "has no master to pipeline against (every step waits for every "
@@ -181,6 +182,24 @@ def _check_gap_aware_options(cfg: Config) -> None:
         if value != OptimConfig.__dataclass_fields__[name].default:
             raise UsageError(f"--{name.replace('_', '-')} {value} is Gap-Aware's: --method "
                              f"{cfg.method} does not use it (use --method gap-aware)")
+
+
+def _check_groups(cfg: Config, world_size: int) -> None:
+    """--group-size: asynchronous methods and torch models, whole groups of the workers."""
+    g = cfg.runtime.group_size
+    if g == 1:
+        return
+    if synchronous(cfg.method):
+        raise UsageError(f"--group-size {g} groups the workers of an asynchronous method: "
+                         f"--method {cfg.method} is synchronous across all ranks already")
+    if cfg.data.model == QUADRATIC:
+        raise UsageError(f"--group-size {g} averages torch gradients: --model quadratic has "
+                         "none")
+    ranks = world_size - cfg.runtime.masters
+    if ranks % g:
+        raise UsageError(f"--group-size {g} must divide the {ranks} worker ranks (MPI ranks "
+                         f"less --masters {cfg.runtime.masters}): launch e.g. "
+                         f"{cfg.runtime.masters + g * max(1, ranks // g)} ranks")
 
 
 def _check_diloco_options(cfg: Config) -> None:

@@ -32,6 +32,27 @@ def local_placement(comm: MPI.Intracomm, masters: int = 1) -> Placement:
         node.Free()
 
 
+def group_check(comm: MPI.Intracomm, masters: int, size: int) -> str | None:
+    """Collective: None when every worker group (--group-size ``size``: consecutive worker
+    ranks) lies on one node, else the one-line error, on every rank."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        lowest = node.allreduce(comm.Get_rank(), op=MPI.MIN)  # the node's name: its first rank
+    finally:
+        node.Free()
+    nodes = comm.gather(lowest, root=0)
+    error = None
+    if comm.Get_rank() == 0:
+        for first in range(masters, comm.Get_size(), size):
+            if len(set(nodes[first:first + size])) > 1:
+                error = (f"--group-size {size}: the group of ranks {first}-{first + size - 1} "
+                         "spans nodes; a group must lie on one node, so G must divide each "
+                         "node's worker ranks, placed consecutively (by slot, not round-robin "
+                         "over nodes)")
+                break
+    return comm.bcast(error, root=0)
+
+
 def _cores() -> int:
     """The cores this process may run on (its binding), where the OS says."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (

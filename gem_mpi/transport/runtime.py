@@ -95,3 +95,20 @@ def node_count(comm: MPI.Intracomm) -> int:
         return comm.allreduce(1 if node.Get_rank() == 0 else 0)
     finally:
         node.Free()
+
+
+def rendezvous(comm: MPI.Intracomm, local: bool) -> tuple[str, int]:
+    """Collective: an address and a free port on ``comm``'s rank 0, for a torch.distributed
+    process group over ``comm``'s ranks (``local``: every rank on rank 0's node, so loopback;
+    else ``MASTER_ADDR`` if set, or rank 0's host's address). No launcher of its own needed."""
+    import os
+    import socket
+
+    addr = port = None
+    if comm.Get_rank() == 0:
+        addr = "127.0.0.1" if local else (os.environ.get("MASTER_ADDR")
+                                          or socket.gethostbyname(socket.gethostname()))
+        with socket.socket() as probe:  # a free port: bound, read, released
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+    return comm.bcast((addr, port), root=0)

@@ -1,0 +1,144 @@
+"""``--group-size G``: G ranks of one node train as one GEM worker, synchronously inside.
+
+The group's leader (its first rank) is the worker the master sees: it pulls θ, commits Δθ
+and folds GEM's momentum, as a worker does. Every step it broadcasts the θ it pulled to the
+members with the step's number; each rank computes the gradient of its own part of the
+group's batch (G × --batch-size, the group's stream: worker g's stream of a run of n groups,
+made with the larger batch), and the G gradients are averaged (allreduce) before the leader
+clips them and makes Δθ = −η·g: the Δθ of one worker whose batch is the union, up to the
+order of summation. The collectives are torch.distributed's (gloo on the CPU, NCCL on GPUs)
+over a process group of the G ranks, started from the MPI world (:func:`rendezvous` on the
+group's communicator; a group never spans nodes, so loopback). When the leader's run ends it
+sends the members its stop word instead of a step.
+
+A member that dies ends the job (MPI's launcher kills it); a member that hangs holds the
+leader in the allreduce, so the master hears nothing from that worker and its watchdog ends
+the run with a checkpoint after --worker-timeout (the process group's own timeout is set
+longer, so that the master speaks first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+
+from gem_mpi.config import AMP_BF16, Config, DataConfig
+from gem_mpi.problem import Problem
+from gem_mpi.run.rank import Placement, data_stream, seed_dropout, torch_device
+from gem_mpi.transport import MPI
+from gem_mpi.transport.runtime import rendezvous
+
+_END = -1  # in the control word's step field: the run ended, the code follows
+
+
+def group_data(data: DataConfig, size: int) -> DataConfig:
+    """The group's stream: its batch is ``size`` × --batch-size, each rank taking a part."""
+    return dataclasses.replace(data, batch_size=data.batch_size * size)
+
+
+class Group:
+    """This rank's worker group: its process group, the step's θ sent from the leader, the
+    gradient averaged. ``comm``: the MPI communicator of the group's ranks, leader first."""
+
+    def __init__(self, cfg: Config, comm: MPI.Intracomm, device: object) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.size, self.member = comm.Get_size(), comm.Get_rank()
+        self.leader = self.member == 0
+        self.batch = cfg.data.batch_size  # this rank's part of the group's batch
+        addr, port = rendezvous(comm, local=True)  # a group never spans nodes
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        # longer than the master's watchdog: a hung member is the master's to report
+        timeout = 2 * (cfg.monitor.worker_timeout or 900.0) + 60.0
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}",
+                                rank=self.member, world_size=self.size,
+                                timeout=datetime.timedelta(seconds=timeout))
+        self.backend = backend
+        self._word = torch.zeros(2, dtype=torch.int64, device=device)
+        self.allreduce_s = 0.0  # seconds in the gradient's average (the group's cost)
+
+    def part(self, x: object, y: object) -> tuple[object, object]:
+        """This rank's part of the group's batch."""
+        lo = self.member * self.batch
+        return x[lo:lo + self.batch], y[lo:lo + self.batch]
+
+    def theta(self, flat: object, seq: int) -> None:
+        """Leader: send step ``seq`` and its θ (``flat``) to the members."""
+        self._word[0], self._word[1] = seq, 0
+        self.dist.broadcast(self._word, src=0)
+        self.dist.broadcast(flat, src=0)
+
+    def next_step(self, flat: object) -> tuple[int, int]:
+        """Member: (the step, 0) with θ received into ``flat``, or (-1, the leader's code)."""
+        self.dist.broadcast(self._word, src=0)
+        seq, code = int(self._word[0]), int(self._word[1])
+        if seq == _END:
+            return _END, code
+        self.dist.broadcast(flat, src=0)
+        return seq, 0
+
+    def average(self, grad: object) -> None:
+        """The mean of the G ranks' gradients, in place (every rank)."""
+        t = time.perf_counter()
+        self.dist.all_reduce(grad)
+        grad.div_(self.size)
+        self.allreduce_s += time.perf_counter() - t
+
+    def end(self, code: int) -> None:
+        """Leader: the run is over; the members exit with ``code`` (the master's stop word)."""
+        self._word[0], self._word[1] = _END, code
+        self.dist.broadcast(self._word, src=0)
+
+    def close(self) -> None:
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+def run_member(cfg: Config, group: Group, problem: Problem, placement: Placement,
+               worker: int, n_workers: int, start_seq: int, plan: list | None = None) -> int:
+    """A member's loop: θ from the leader, its part's gradient, the average; returns the
+    leader's stop word when the run ends. ``worker``: the group's number (1..n)."""
+    import torch
+
+    device = torch_device(cfg.runtime.threads, placement)
+    model = problem.model.to(device)
+    model.train()
+    params = list(model.parameters())
+    flat = torch.zeros(problem.n_params, dtype=torch.float32, device=device)
+    grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:  # the parameters and their gradients: views of two flat buffers
+        n = p.numel()
+        p.data = flat[offset:offset + n].view_as(p)
+        p.grad = grad[offset:offset + n].view_as(p)
+        offset += n
+    loss_fn = problem.loss.mean
+    amp = torch.bfloat16 if cfg.optim.amp == AMP_BF16 else None
+    _, batches = data_stream(group_data(cfg.data, group.size), worker, n_workers, start_seq,
+                             plan)
+    # dropout masks of its own: a number no worker of the run has, fixed per (group, member)
+    masks = n_workers * group.member + worker
+    expect = start_seq
+    try:
+        while True:
+            seq, code = group.next_step(flat)
+            if seq == _END:
+                return code
+            if seq != expect:
+                raise RuntimeError(f"group {worker}: the leader sent step {seq}, this member "
+                                   f"expected {expect}")
+            expect += 1
+            seed_dropout(cfg.data.seed, masks, seq)
+            x, y = group.part(*next(batches))
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            grad.zero_()
+            with torch.autocast(device.type, dtype=amp or torch.float32,
+                                enabled=amp is not None):
+                loss = loss_fn(model(x), y)
+            loss.backward()
+            group.average(grad)
+    finally:
+        batches.close()

@@ -1,0 +1,153 @@
+"""``--group-size G``: G ranks of a node train as one GEM worker, synchronously inside (issue
+38), under real mpirun: a group's Δθ is the Δθ of one worker whose batch is the union of the
+members' parts (the synchronous-SGD identity), in every worker order; groups train a CNN; a
+stopped group resumes bit for bit; a killed member ends the job and the resume applies every
+update once; bad input is one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from helpers import (
+    REPO,
+    mpirun,
+    quadratic_args,
+    rank_pids,
+    signal_when,
+    train,
+    wait_until,
+)
+
+from gem_mpi.outputs import checkpoint
+from gem_mpi.outputs.analysis import load_run
+
+pytestmark = pytest.mark.mpi
+
+USER_CODE = REPO / "tests" / "user_code"
+# a model without dropout or BatchNorm: the G parts' mean gradient is the union's gradient
+MLP = ("--model", "plugins:mlp", "--dataset", "plugins:blobs", "--loss", "cross_entropy",
+       "--threads", "1", "--eval-every", "0")
+
+
+def _flat(path) -> torch.Tensor:
+    return torch.cat([v.flatten() for v in torch.load(path, weights_only=True).values()])
+
+
+@pytest.mark.parametrize("mode", ["wait", "pipelined", "overlap"])
+def test_a_group_computes_what_one_worker_computes_on_the_union_batch(tmp_path, mode):
+    """1 group of 2 ranks, each 8 samples a step, against 1 worker of 16: the same θ after
+    15 updates within float32 summation order (the allreduce adds the two halves' means)."""
+    common = [*MLP, "--max-steps", "15", "--worker-mode", mode, "--lr", "0.1"]
+    grouped, single = tmp_path / "group.pt", tmp_path / "single.pt"
+    res = mpirun(3, ["-m", "gem_mpi.train", *common, "--group-size", "2", "--batch-size", "8",
+                     "--save", str(grouped), "--metrics", str(tmp_path / "g.h5")],
+                 cwd=USER_CODE, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "1 master + 1 workers" in res.stderr
+    res = mpirun(2, ["-m", "gem_mpi.train", *common, "--batch-size", "16", "--save",
+                     str(single)], cwd=USER_CODE, timeout=300)
+    assert res.returncode == 0, res.stderr
+    a, b = _flat(grouped), _flat(single)
+    assert float((a - b).abs().max()) <= 1e-6 * float(b.abs().max())
+    assert not torch.equal(a, b * 0)
+    run = load_run(tmp_path / "g.h5")
+    assert run.n_workers == 1 and run.updates["seq"].tolist() == list(range(15))
+
+
+def test_two_groups_of_two_learn_fashion_mnist(tmp_path):
+    h5 = tmp_path / "run.h5"
+    res = train(5, "--group-size", "2", "--max-steps", "60", "--threads", "1",
+                "--eval-every", "60", "--metrics", str(h5), timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "1 master + 2 workers" in res.stderr
+    run = load_run(h5)
+    assert run.n_workers == 2 and len(run.updates["seq"]) == 120
+    assert sorted(set(run.updates["worker"].tolist())) == [1, 2]
+    assert run.summary["test_accuracy"] > 0.5  # 120 steps of 2 × 64 samples
+
+
+def test_a_stopped_group_resumes_bit_for_bit(tmp_path):
+    common = [*MLP, "--group-size", "2", "--batch-size", "8", "--max-steps", "3000",
+              "--epochs", "100"]
+    whole = tmp_path / "whole.pt"
+    res = mpirun(3, ["-m", "gem_mpi.train", *common, "--save", str(whole)], cwd=USER_CODE,
+                 timeout=300)
+    assert res.returncode == 0, res.stderr
+    ck, part = tmp_path / "ck", tmp_path / "part.pt"
+    ck.mkdir()
+    args = [*common, "--checkpoint-dir", str(ck), "--checkpoint-every", "0.3", "--save",
+            str(part)]
+    proc = _background(3, args)
+    err = signal_when(proc, lambda: checkpoint.latest(str(ck)) is not None)
+    assert proc.returncode == 3, err
+    assert 0 < checkpoint.load(checkpoint.latest(str(ck))).clock < 3000
+    res = mpirun(3, ["-m", "gem_mpi.train", *args, "--resume", "auto"], cwd=USER_CODE,
+                 timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert torch.equal(_flat(whole), _flat(part))
+
+
+def _background(n: int, args: list[str]):
+    import subprocess
+
+    from helpers import mpi_env, mpirun_cmd
+
+    return subprocess.Popen(mpirun_cmd(n, ["-m", "gem_mpi.train", *args]), env=mpi_env(),
+                            cwd=str(USER_CODE), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_a_killed_member_ends_the_job_and_the_resume_applies_every_update_once(tmp_path):
+    args = [*MLP, "--group-size", "2", "--batch-size", "8", "--max-steps", "3000",
+            "--epochs", "100",
+            "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "0.3", "--metrics",
+            str(tmp_path / "run.h5")]
+    proc = _background(5, args)  # groups: ranks 1-2 and 3-4
+    try:
+        wait_until(proc, lambda: checkpoint.latest(str(tmp_path)) is not None)
+        t0 = time.monotonic()
+        os.kill(rank_pids(proc)[4], signal.SIGKILL)  # group 2's member
+        proc.communicate(timeout=60)
+        assert time.monotonic() - t0 < 60
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    res = mpirun(5, ["-m", "gem_mpi.train", *args, "--resume", "auto"], cwd=USER_CODE,
+                 timeout=300)
+    assert res.returncode == 0, res.stderr
+    u = load_run(tmp_path / "run.h5").updates
+    assert u["clock"].tolist() == list(range(6000))
+    for worker in (1, 2):  # each group's updates, each once
+        assert sorted(u["seq"][u["worker"] == worker].tolist()) == list(range(3000))
+
+
+@pytest.mark.parametrize("ranks, extra, says", [
+    (4, ("--group-size", "2"), "--group-size 2 must divide the 3 worker ranks"),
+    (4, ("--group-size", "2", "--method", "ddp"), "--method ddp is synchronous"),
+    (5, ("--group-size", "2", *quadratic_args()), "--model quadratic has none"),
+])
+def test_group_bad_input_is_one_line_and_exit_2(ranks, extra, says):
+    res = train(ranks, *extra, timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi:")]
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in res.stderr, res.stderr
+
+
+def test_the_group_check_refuses_a_group_across_nodes():
+    """MPICH's cliques make two "nodes" of one machine (tests/stacks.py): ranks 0-1 and 2-3
+    (one clique each); a group of ranks 1-2 would span both."""
+    import subprocess
+
+    from stacks import stack_command
+
+    cmd, env = stack_command("mpich-cliques", 4, ["-m", "gem_mpi.train", "--group-size",
+                                                  "3", "--masters", "1", "--max-steps", "2"])
+    res = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert res.returncode == 2, res.stderr
+    assert "spans nodes" in res.stderr and res.stderr.count("gem_mpi: error:") == 1
