@@ -71,7 +71,7 @@ STOP_WORDS = {RUNNING: "running", FINISHED: "finished", ABORTED: "aborted",
 # copy to the device until Δθ reached the host, summed over the steps (the time the device
 # had this worker's step queued, overlapping compute and load), NaN on a CPU worker
 WORKER_TIME_COLUMNS = ["wall", "compute", "load", "payload", "commit", "wait", "backoff",
-                       "pull", "straggle", "gpu"]
+                       "pull", "straggle", "group", "gpu"]
 WORKER_TIME_SPLIT = WORKER_TIME_COLUMNS[1:-1]  # the columns that add up to (at most) wall
 
 # the parts of an update's payload, by name: Δθ, κ|m|, s

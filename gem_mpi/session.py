@@ -29,6 +29,7 @@ from gem_mpi.problem import Problem, build_problem, elastic
 from gem_mpi.protocol import shard_cut
 from gem_mpi.run.preflight import validate
 from gem_mpi.run.rank import (
+    device_name,
     first_plans,
     gather_placement,
     group_check,
@@ -206,6 +207,7 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint 
     if group_comm is not None:  # this worker leads a group: its members start where it does
         group_comm.bcast((worker, n_workers, start_seq, dealt), root=0)
         group = Group(cfg, group_comm, torch_device(cfg.runtime.threads, placement))
+        _say_group(cfg, group_comm, placement, worker)
     code = run_worker(cfg, comm, plan, problem, placement, start_seq=start_seq,
                       run_id=run_id, comms=comms, plan=dealt, group=group)
     if group is not None:
@@ -227,11 +229,25 @@ def _split_groups(world: MPI.Intracomm, size: int, masters: int
             None if group == MPI.COMM_NULL else group)
 
 
+def _say_group(cfg: config.Config, group_comm: MPI.Intracomm, placement: object,
+               worker: int) -> None:
+    """--verbose: the leader names its group's ranks, their node (MPI's: its first rank) and
+    devices, in one line. Collective over the group."""
+    rows = group_comm.gather((MPI.COMM_WORLD.Get_rank(), placement.node, device_name(
+        placement, True)), root=0)
+    if cfg.monitor.verbose and rows is not None:
+        ranks, nodes, devices = zip(*rows)
+        say(f"group {worker}: ranks {', '.join(map(str, ranks))} (leader {ranks[0]}) on the "
+            f"node of rank {', '.join(sorted(set(map(str, nodes))))}, devices "
+            f"{', '.join(devices)}, {group_comm.Get_size()} × --batch-size a step")
+
+
 def _member(cfg: config.Config, world: MPI.Intracomm, group_comm: MPI.Intracomm,
             problem: Problem, placement: object) -> Outcome:
     """A group member's part: where its leader starts, then the member's loop."""
     worker, n_workers, start_seq, dealt = group_comm.bcast(None, root=0)
     group = Group(cfg, group_comm, torch_device(cfg.runtime.threads, placement))
+    _say_group(cfg, group_comm, placement, worker)
     try:
         code = run_member(cfg, group, problem, placement, worker, n_workers, start_seq, dealt)
     finally:

@@ -264,3 +264,13 @@ def steps_written(h5: Path) -> int:
         return load_run(h5).updates["seq"].size
     except (RunFileError, OSError):
         return 0
+
+
+def theta0_state(*options: str) -> dict:
+    """θ₀ of the run these options describe, as a state_dict (θ₀ depends on the model and
+    --seed alone, whatever the method)."""
+    from gem_mpi import config
+    from gem_mpi.problem import build_problem
+
+    cfg, _ = config.parse(list(options))
+    return build_problem(cfg.data, with_theta0=False).model.state_dict()

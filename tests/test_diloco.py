@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import quadratic_args, train
+from helpers import quadratic_args, theta0_state, train
 
 from gem_mpi import config
 from gem_mpi.outputs.analysis import load_run
@@ -69,7 +69,7 @@ def test_diloco_rounds_equal_the_hand_computed_ones(tmp_path):
     assert "done: 12 synchronous steps (3 outer steps) of 3 workers" in res.stderr
     got = torch.load(saved, weights_only=True)
     want = _hand_diloco(args, 3)
-    theta0 = build_theta0_state()
+    theta0 = theta0_state()
     for name in want:
         scale = float(want[name].abs().max())
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6 * scale, msg=name)
@@ -79,13 +79,6 @@ def test_diloco_rounds_equal_the_hand_computed_ones(tmp_path):
     assert run.updates["seq"].tolist() == list(range(12))
     waits = np.asarray(run.updates["allreduce_s"])
     assert np.all(np.isfinite(waits)) and run.summary["finished"] == 1.0
-
-
-def build_theta0_state() -> dict[str, torch.Tensor]:
-    from gem_mpi.problem import build_problem
-
-    cfg, _ = config.parse(["--method", "diloco"])
-    return build_problem(cfg.data, with_theta0=False).model.state_dict()
 
 
 def test_a_budget_of_no_whole_round_ends_at_the_last_whole_one(tmp_path):

@@ -56,6 +56,8 @@ def test_a_group_computes_what_one_worker_computes_on_the_union_batch(tmp_path, 
     assert not torch.equal(a, b * 0)
     run = load_run(tmp_path / "g.h5")
     assert run.n_workers == 1 and run.updates["seq"].tolist() == list(range(15))
+    group_s = run.worker_time["group"][0]  # the leader's wait for the average, out of compute
+    assert (group_s == 0.0) if mode == "overlap" else (0.0 < group_s < run.worker_time["wall"][0])
 
 
 def test_two_groups_of_two_learn_fashion_mnist(tmp_path):
@@ -151,3 +153,26 @@ def test_the_group_check_refuses_a_group_across_nodes():
                          check=False)
     assert res.returncode == 2, res.stderr
     assert "spans nodes" in res.stderr and res.stderr.count("gem_mpi: error:") == 1
+
+
+def test_bench_groups_measures_groups_against_independent_workers(tmp_path):
+    """Each row a real job with the same samples; a group of 2 moves half the bytes through
+    the master per sample (one update of 2 × b where the workers send two of b)."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import mpi_env
+
+    out = tmp_path / "groups.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "gem_mpi.bench", "groups", "--workers", "2", "--group-size",
+         "2", "--max-steps", "10", "--dataset", "synthetic", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, check=False, env=mpi_env(), cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    workers, groups = json.loads(out.read_text())["rows"]
+    assert (workers["workers_seen"], groups["workers_seen"]) == (2, 1)
+    assert (workers["updates"], groups["updates"]) == (20, 10)
+    assert workers["samples"] == groups["samples"] == 20 * 32
+    assert groups["bytes_per_sample_vs_workers"] == 0.5
+    assert "B/sample" in res.stdout

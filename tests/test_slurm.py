@@ -382,6 +382,32 @@ def test_sharded_job_puts_master_k_on_node_k(slurm, tmp_path):
     assert run.summary["finished"] == 1.0
 
 
+def test_groups_job_puts_one_group_on_each_node(slurm, tmp_path):
+    """jobs/gem_groups.sbatch on partition "two": 2 nodes × 3 tasks, the master and a group
+    of 2 on the first node, a group of 2 on the second; each group's ranks on one node (MPI's
+    own node split), each group one worker whose updates all arrive. TCP, as the sharded
+    test's (two Slurm nodes on one host)."""
+    tcp = {"OMPI_MCA_osc": "pt2pt", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp",
+           "OMPI_MCA_btl_tcp_if_include": "lo"}
+    env = job_env(tmp_path, GEM_MODEL="mnist-cnn", GEM_DATASET="fashion-mnist",
+                  GEM_TRAIN_ARGS="--max-steps 20 --eval-every 0 --threads 1 --verbose", **tcp)
+    job = sbatch(JOBS / "gem_groups.sbatch", "--partition=two", "--nodes=2",
+                 "--ntasks-per-node=3", env=env, cwd=tmp_path)
+    [rec] = wait(job, 240, tmp_path)
+    log = (tmp_path / f"gem_groups_{job}.out").read_text()
+    ended_ok(rec, log)
+    assert rec["NodeList"] == "gemnode[1-2]"
+    assert "one group of 2 ranks on each of gemnode1 gemnode2" in log
+    groups = sorted(ln.split("gem_mpi: ")[1] for ln in log.splitlines()
+                    if "gem_mpi: group " in ln)
+    assert [g.split(" (leader")[0] for g in groups] == ["group 1: ranks 1, 2",
+                                                        "group 2: ranks 3, 4"], groups
+    assert "on the node of rank 0," in groups[0] and "on the node of rank 3," in groups[1]
+    run = load_run(next((tmp_path / "runs").glob("*.h5")))
+    assert run.n_workers == 2 and run.config["group_size"] == 2
+    assert_exactly_once(run.updates["worker"], run.updates["seq"], (1, 2), 20)
+
+
 def test_sync_baseline_job_trains_every_rank_a_worker(slurm, tmp_path):
     """The synchronous baseline as a batch job: 2 tasks are 2 workers (no master), the
     effective batch splits over both, the run writes its step metrics and its model. The

@@ -16,6 +16,7 @@ from helpers import (
     quadratic_args,
     signal_when,
     steps_written,
+    theta0_state,
     train,
     train_background,
 )
@@ -67,14 +68,7 @@ def test_one_worker_equals_single_process_momentum_sgd(tmp_path):
     assert got.keys() == want.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6, msg=name)
-    assert any(not torch.equal(got[k], build_theta0_state()[k]) for k in got)  # it trained
-
-
-def build_theta0_state() -> dict[str, torch.Tensor]:
-    from gem_mpi.problem import build_problem
-
-    cfg, _ = config.parse(["--method", "sync"])
-    return build_problem(cfg.data, with_theta0=False).model.state_dict()
+    assert any(not torch.equal(got[k], theta0_state()[k]) for k in got)  # it trained
 
 
 def test_four_ranks_learn_fashion_mnist_and_write_the_step_schema(tmp_path):

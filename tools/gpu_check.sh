@@ -14,7 +14,8 @@
 # Expected duration with the defaults: about 6-7 minutes on a fresh machine (bare_env.sh
 # about 1 min; the plain loop about 30 s; calibration about 25 s; 5 rows of about 50 s each:
 # 30 s of training plus the job's start and end), under 8; --mps-rows all adds 3 rows
-# (about 2.5 min: give it --seconds 20). Exits non-zero when a check fails.
+# (about 2.5 min: give it --seconds 20). Then python -m gem_mpi.bench groups: a worker group
+# of 2 ranks against 2 workers (about 40 s more). Exits non-zero when a check fails.
 #
 #   tools/gpu_check.sh [OUT_DIR] [bench gpu options...]   # JSON to OUT_DIR/gpu_check.json
 set -euo pipefail
@@ -38,3 +39,7 @@ source tools/bare_env.sh
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 "$GEM_MPI_PY" -m gem_mpi.bench gpu --mpirun "$GEM_MPI_MPIRUN" --json "$out/gpu_check.json" "$@"
+# a worker group (--group-size 2) on the GPU against 2 independent workers: NCCL where the
+# machine has a GPU per rank, gloo on CUDA tensors where both share one (about 40 s)
+"$GEM_MPI_PY" -m gem_mpi.bench groups --workers 2 --group-size 2 --dataset synthetic \
+  --max-steps 100 --mpirun "$GEM_MPI_MPIRUN" --json "$out/groups_check.json"

@@ -9,6 +9,7 @@
                                                    # ceiling, and where the time goes
     python -m gem_mpi.bench gpu                    # the GPU check (tools/gpu_check.sh): the
                                                    # workers' split on one CUDA device
+    python -m gem_mpi.bench groups                 # worker groups vs independent workers
     python -m gem_mpi.bench overlap --params N --step-ms MS --workers W
                                                    # steps/s of a worker whose compute
                                                    # releases the GIL vs the compute alone

@@ -11,6 +11,7 @@ from gem_mpi.algorithm import kernel as gem
 from gem_mpi.bench.compare import COMPARE_METHODS, bench_compare, print_compare
 from gem_mpi.bench.gpu import WIRES as GPU_WIRES
 from gem_mpi.bench.gpu import bench_gpu, best_default, combo_of, print_gpu
+from gem_mpi.bench.groups import bench_groups, print_groups
 from gem_mpi.bench.kernel import bench_kernel, default_threads, print_kernel
 from gem_mpi.bench.master import bench_master, print_master
 from gem_mpi.bench.overhead import bench_overhead, print_overhead
@@ -149,7 +150,19 @@ def main(argv: list[str] | None = None) -> int:
                    "worker's compute thread and its communication thread may run on two "
                    "cores, as a GPU worker's host threads do: Open MPI binds each of two "
                    "ranks to one core otherwise)")
-    for p in (k, m, t, c, o, g, v):
+    q = sub.add_parser("groups", help="worker groups (--group-size) vs as many independent "
+                       "workers: master updates/s, bytes per sample, final loss at equal "
+                       "samples, each a real mpirun job (run it outside mpirun)")
+    q.add_argument("--workers", type=int, default=4, help="worker ranks (plus one master)")
+    q.add_argument("--group-size", type=int, default=2)
+    q.add_argument("--model", default="mnist-cnn")
+    q.add_argument("--dataset", default="fashion-mnist")
+    q.add_argument("--max-steps", type=int, default=200, help="steps per worker or group "
+                   "(a group's step takes G times the samples: as many in all)")
+    q.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")
+    q.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
+                   help="launcher command line (one node)")
+    for p in (k, m, t, c, o, g, v, q):
         p.add_argument("--json", help="write the results to this file too")
     args = parser.parse_args(argv)
     gem.kernel_threads()  # a bad GEM_NUM_THREADS is refused before anything runs
@@ -159,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         result, show = bench_overhead(args), print_overhead
     elif args.what == "gpu":
         result, show = bench_gpu(args), print_gpu
+    elif args.what == "groups":
+        result, show = bench_groups(args), print_groups
     elif args.what == "overlap":
         result, show = bench_overlap(args), print_overlap
     elif args.what == "kernel":

@@ -6,10 +6,10 @@ members with the step's number; each rank computes the gradient of its own part 
 group's batch (G × --batch-size, the group's stream: worker g's stream of a run of n groups,
 made with the larger batch), and the G gradients are averaged (allreduce) before the leader
 clips them and makes Δθ = −η·g: the Δθ of one worker whose batch is the union, up to the
-order of summation. The collectives are torch.distributed's (gloo on the CPU, NCCL on GPUs)
-over a process group of the G ranks, started from the MPI world (:func:`rendezvous` on the
-group's communicator; a group never spans nodes, so loopback). When the leader's run ends it
-sends the members its stop word instead of a step.
+order of summation. The collectives are torch.distributed's (gloo on the CPU, NCCL on GPUs,
+gloo again where ranks share a GPU) over a process group of the G ranks, started from the MPI
+world (:func:`rendezvous` on the group's communicator; a group never spans nodes, so
+loopback). When the leader's run ends it sends the members its stop word instead of a step.
 
 A member that dies ends the job (MPI's launcher kills it); a member that hangs holds the
 leader in the allreduce, so the master hears nothing from that worker and its watchdog ends
@@ -50,7 +50,11 @@ class Group:
         self.leader = self.member == 0
         self.batch = cfg.data.batch_size  # this rank's part of the group's batch
         addr, port = rendezvous(comm, local=True)  # a group never spans nodes
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        # NCCL needs a GPU per rank; ranks sharing one (a one-GPU check) go through gloo,
+        # which takes CUDA tensors too
+        devices = comm.allgather(str(device))
+        distinct = len(set(devices)) == len(devices)
+        backend = "nccl" if device.type == "cuda" and distinct else "gloo"
         # longer than the master's watchdog: a hung member is the master's to report
         timeout = 2 * (cfg.monitor.worker_timeout or 900.0) + 60.0
         dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}",

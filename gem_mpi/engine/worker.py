@@ -340,14 +340,15 @@ class TimeSplit:
         self.last = now
         return spent
 
-    def final(self, load_s: float, gpu_s: float, backoff_s: float) -> np.ndarray:
-        """The DONE message's columns: the copy of θ into the model taken out of compute,
-        the sleeps of the back-off out of waiting, the wall time since the first pull. With
-        --worker-mode overlap the compute column is the wait for the compute thread and
-        load_s, spent there, is 0 here."""
+    def final(self, load_s: float, gpu_s: float, backoff_s: float,
+              group_s: float = 0.0) -> np.ndarray:
+        """The DONE message's columns: the copy of θ into the model and a group's allreduce
+        (--group-size) taken out of compute, the sleeps of the back-off out of waiting, the
+        wall time since the first pull. With --worker-mode overlap the compute column is the
+        wait for the compute thread and load_s and group_s, spent there, are 0 here."""
         c = self.columns
-        c["load"], c["gpu"], c["backoff"] = load_s, gpu_s, backoff_s
-        c["compute"] -= load_s
+        c["load"], c["gpu"], c["backoff"], c["group"] = load_s, gpu_s, backoff_s, group_s
+        c["compute"] -= load_s + group_s
         c["wait"] -= backoff_s
         c["wall"] = time.perf_counter() - self.start
         return np.array([c[k] for k in WORKER_TIME_COLUMNS], np.float32)
@@ -560,8 +561,10 @@ def _finish(w: _Worker, stopped: bool, version: object, run_id: str) -> int:
     ep = w.ep
     if not stopped:
         overlapped = w.cfg.optim.worker_mode == OVERLAP  # load_s was the compute thread's
+        group = getattr(w.steps_fn, "group", None)
         times = w.split.final(0.0 if overlapped else w.steps_fn.load_s, w.steps_fn.gpu_s,
-                              ep.backoff_s)
+                              ep.backoff_s, 0.0 if overlapped or group is None
+                              else group.allreduce_s)
         ep.commit(DONE, w.steps_fn.steps, version, parts=(times,))
     code = ep.wait_shutdown()
     # only a stop by signal keeps m for a resume: a diverged run's m is no state to resume

@@ -20,6 +20,7 @@ from gem_mpi.outputs.checkpoint import Checkpoint
 from gem_mpi.outputs.metrics import MetricsWriter
 from gem_mpi.problem import data, elastic
 from gem_mpi.problem.elastic import batch_of, cut, length, redeal, source_plan
+from gem_mpi.protocol import WORKER_TIME_COLUMNS
 
 
 def _batches(plan: elastic.Plan) -> list[tuple[int, int, int, int]]:
@@ -91,7 +92,7 @@ def test_the_metrics_file_records_each_segment_and_resizes_the_worker_times(tmp_
     w = MetricsWriter(path, *args, n_workers=2, kernel="numpy", run_id="r",
                       resume_rows=(0, 0, 0), resume_log={"clock": 40, "checkpoint": "c",
                                                          "changes": {"workers": [4, 2]}})
-    w.close({"updates": 0, "worker_time": np.zeros((2, 10))})
+    w.close({"updates": 0, "worker_time": np.zeros((2, len(WORKER_TIME_COLUMNS)))})
     with h5py.File(path) as f:
         assert f["summary"]["worker_time"].shape[0] == 2 and f.attrs["n_workers"] == 2
         segments = json.loads(f.attrs["segments"])
