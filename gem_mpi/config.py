@@ -420,6 +420,14 @@ def n_workers(cfg: Config, world_size: int) -> int:
     return (world_size - cfg.runtime.masters) // cfg.runtime.group_size
 
 
+def worker_ranks(cfg: Config, worker: int) -> str:
+    """The MPI ranks of asynchronous worker ``worker`` (1..n), as a message names them: its
+    rank, or its group's (--group-size), the leader first."""
+    first = cfg.runtime.masters + (worker - 1) * cfg.runtime.group_size
+    g = cfg.runtime.group_size
+    return f"rank {first}" if g == 1 else f"ranks {first}-{first + g - 1}, leader {first}"
+
+
 def straggler(cfg: Config, world_size: int) -> tuple[int, float] | None:
     """(worker number 1..n, factor) of --straggler WORKER:FACTOR, or None."""
     text = cfg.runtime.straggler

@@ -176,3 +176,22 @@ def test_bench_groups_measures_groups_against_independent_workers(tmp_path):
     assert workers["samples"] == groups["samples"] == 20 * 32
     assert groups["bytes_per_sample_vs_workers"] == 0.5
     assert "B/sample" in res.stdout
+
+
+def test_a_hung_member_ends_the_job_with_a_checkpoint(tmp_path):
+    """Group 2's member (rank 4) hangs after 20 steps: its leader waits in the allreduce, the
+    master hears nothing from worker 2 for --worker-timeout, names it, checkpoints and ends
+    the job with one line, as for a hung worker."""
+    from helpers import PROGS
+
+    t0 = time.monotonic()
+    res = mpirun(5, [str(PROGS / "stuck_member.py"), "4", "20", *MLP, "--group-size", "2",
+                     "--batch-size", "8", "--max-steps", "3000", "--epochs", "100",
+                     "--worker-timeout", "4", "--checkpoint-dir", str(tmp_path)],
+                 cwd=USER_CODE, timeout=180)
+    assert res.returncode != 0 and time.monotonic() - t0 < 120
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: error")]
+    assert len(lines) == 1, res.stderr
+    assert "worker 2 (ranks 3-4, leader 3) has sent nothing for" in lines[0]
+    state = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    assert state.next_seq[1] in (20, 21)  # group 2's updates up to its member's hang

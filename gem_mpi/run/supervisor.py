@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gem_mpi import protocol
-from gem_mpi.config import Config, synchronous
+from gem_mpi.config import Config, synchronous, worker_ranks
 from gem_mpi.errors import OutputError
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.metrics import MetricsWriter
@@ -387,7 +387,8 @@ class RunSupervisor:
         if stuck is not None:
             worker, silent_s = stuck
             return Verdict(Outcome.STUCK,
-                           f"worker {worker} (rank {worker}) has sent nothing for "
+                           f"worker {worker} ({worker_ranks(self.cfg, worker)}) has sent "
+                           "nothing for "
                            f"{silent_s:.0f} s (--worker-timeout "
                            f"{self.monitor.worker_timeout:g}): it or its node is stuck")
         return None
