@@ -759,6 +759,11 @@ def _e10(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                "slower and not higher, or as fast and lower; mixed: faster but lower, or "
                "slower but higher; even: neither differs."), "", "## Verdicts", ""]
     verdicts = e10_lines(res, exp)
+    if verdicts:
+        count = {v: sum(x[2] == v for x in verdicts) for v in ("GEM wins", "GEM loses",
+                                                               "mixed", "even")}
+        lines += [f"Of {len(verdicts)} comparisons (cell × rival): " + ", ".join(
+            f"{v} {k}" for v, k in count.items()) + ".", ""]
     lines += [f"- n = {n}, {E10_CASE_TEXT[case]}, against {rival}: **{verdict}**. {why}."
               for (n, case), rival, verdict, why in verdicts] or ["No cell done yet."]
     lines += ["", "## Numbers", ""]
