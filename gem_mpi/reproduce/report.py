@@ -701,17 +701,21 @@ def _e10_curves(ax_samples, ax_time, res: Results, methods: dict[str, list[ex.Ru
             curves.append((clock * analysis.samples_per_update(d), 100 * acc))
             ax_time.plot(t, 100 * acc, lw=0.8, marker=".", ms=3, color=colour,
                          label=E10_LABELS[method] if k == 0 else None)
-        if curves:
+        if curves:  # an evaluation due while another runs is skipped: the seeds' common x
+            common = curves[0][0]
+            for x, _ in curves[1:]:
+                common = np.intersect1d(common, x)
+            curves = [(x[np.isin(x, common)], y[np.isin(x, common)]) for x, y in curves]
             _band(ax_samples, mean_curve(curves), E10_LABELS[method], color=colour,
                   marker=".", ms=3)
     for ax in (ax_samples, ax_time):
         ys = [y for line in ax.lines for y in np.asarray(line.get_ydata(), float)
               if np.isfinite(y)]
+        if ax.lines:
+            ax.legend()
         ax.axhline(100 * ex.E10_TARGET, color="k", lw=0.6, ls=":")
         ax.set_ylim(min([100 * ex.E10_TARGET - 5, *ys]) - 0.5, 100)
         ax.set_ylabel("test accuracy (%)")
-        if ax.lines:
-            ax.legend()
     ax_samples.set_xlabel("training samples (all workers)")
     ax_time.set_xlabel("seconds (training clock)")
 
@@ -732,8 +736,12 @@ def _e10(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
             a.set_title(f"{workers(n)}, {E10_CASE_TEXT[case]}: per sample")
             b.set_title(f"{workers(n)}, {E10_CASE_TEXT[case]}: per second")
     steps = exp.runs[0].steps if exp.runs else 0
+    gaps = [g for r in res.done(list(exp.runs)) for g in
+            np.diff(res.data(r).eval_col("time") if res.data(r).eval_col("time") is not None
+                    else np.zeros(0))]
     lines = _figure(out, "E10.png", fig, "Test accuracy of θ against the training samples "
-                    "of all workers (mean over seeds, ± one sd shaded) and against the "
+                    "of all workers (mean over seeds at the numbers of samples every seed "
+                    "evaluated, ± one sd shaded) and against the "
                     "training clock (each seed), per method, n and straggler; the dotted line "
                     f"is the target, {100 * ex.E10_TARGET:g} %")
     lines += [(f"Every method trains the same model on MNIST with η 0.05, μ 0.9 and b 64, "
@@ -741,7 +749,12 @@ def _e10(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                "is evaluated on the test set at the same numbers of samples: every "
                f"{res.budget.e10_eval_steps} steps per worker "
                "(a synchronous step is every worker's; GEM counts updates, so n times as "
-               "many). GEM runs one master rank besides its n workers; DDP and DiLoCo run n "
+               "many); but an evaluation runs beside the training, and one that falls due "
+               "while another still runs is skipped, so that the runs here were evaluated "
+               + (f"every {np.median(gaps):.1f} s of their clock (median; "
+                  f"{np.percentile(gaps, 10):.1f}–{np.percentile(gaps, 90):.1f} s from the "
+                  "10th to the 90th percentile)" if gaps else "at most once per evaluation's "
+                  "time") + ": the time to target is known to about that. GEM runs one master rank besides its n workers; DDP and DiLoCo run n "
                f"ranks. The straggler is worker {ex.E10_STRAGGLER.split(':')[0]}, "
                f"{ex.E10_STRAGGLER.split(':')[1]} times slower (it sleeps after each step). "
                "Every rank shares this machine's cores, so the seconds are this machine's: "
