@@ -310,12 +310,13 @@ E10_METHODS = (("gem", ("--gem-shift", "others", "--worker-mode", "wait")), ("dd
                            "--diloco-outer-momentum", "0.9")))
 E10_STRAGGLER = "2:5"  # worker 2, five times slower (it sleeps after each step)
 # why 200 steps per worker and not the 300 first planned: the slowest run, DDP at n = 8 with
-# the straggler, trained 300 steps in 94 s here (2026-12-06), and the 36 runs would have taken
-# about 38 minutes of this shared machine; 200 steps keep them near 25
+# the straggler, trained 300 steps in 94 s here (2026-12-06), from which the 36 runs at 300
+# steps were estimated at about 38 minutes of this shared machine, over the 35 allowed
 E10_BUDGET_NOTE = ("Each worker makes 200 steps, not the 300 first planned: the slowest run "
                    "(DDP, n = 8, with the straggler) trained 300 steps in 94 s on this "
-                   "machine, and the 36 runs would have taken about 38 minutes of it, shared "
-                   "with other work; 200 keep them near 25.")
+                   "machine, from which the 36 runs were estimated at about 38 minutes of it, "
+                   "over the 35 allowed them (at 200 steps their jobs took the time under Runs "
+                   "below).")
 E10_CASES = (("even", ()), ("straggler", ("--straggler", E10_STRAGGLER)))
 
 
