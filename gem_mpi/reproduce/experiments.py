@@ -315,8 +315,8 @@ E10_STRAGGLER = "2:5"  # worker 2, five times slower (it sleeps after each step)
 E10_BUDGET_NOTE = ("Each worker makes 200 steps, not the 300 first planned: the slowest run "
                    "(DDP, n = 8, with the straggler) trained 300 steps in 94 s on this "
                    "machine, from which the 36 runs were estimated at about 38 minutes of it, "
-                   "over the 35 allowed them (at 200 steps their jobs took the time under Runs "
-                   "below).")
+                   "over the 35 allowed them. The estimate was high: at 200 steps their jobs "
+                   "took the time under Runs below, so that 300 would have fitted.")
 E10_CASES = (("even", ()), ("straggler", ("--straggler", E10_STRAGGLER)))
 
 

@@ -770,7 +770,13 @@ def _e10(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                f"{ex.E10_ACC_POINTS:g} points and beyond two standard errors; more diverged "
                "runs is lower). GEM wins: faster and not lower, or as fast and higher; loses: "
                "slower and not higher, or as fast and lower; mixed: faster but lower, or "
-               "slower but higher; even: neither differs."), "", "## Verdicts", ""]
+               "slower but higher; even: neither differs."), "",
+              ("What the numbers do not say: every method steps with η 0.05, the paper's MNIST "
+               "setting, so DDP and DiLoCo, whose steps average n workers' "
+               "gradients (a batch n times GEM's), take n times fewer steps for the same "
+               "samples than GEM's master applies updates, and no η was tuned for them (nor "
+               "for GEM); and the seconds are those of n + 1 (GEM) or n ranks sharing this "
+               "machine's 2 cores, not of a core per worker."), "", "## Verdicts", ""]
     verdicts = e10_lines(res, exp)
     if verdicts:
         count = {v: sum(x[2] == v for x in verdicts) for v in ("GEM wins", "GEM loses",
