@@ -25,7 +25,7 @@ from gem_mpi.reproduce.report import _same_code
 
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
-EXPERIMENTS = [f"E{i}" for i in range(1, 10)]
+EXPERIMENTS = [f"E{i}" for i in range(1, 11)]
 QUICK_RUNS = len(ex.select(ex.experiments(ex.quick_budget(), "r"), EXPERIMENTS))
 
 
@@ -37,7 +37,7 @@ def reproduce(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory) -> Path:
-    """Every experiment at the quick budget, once for the module (about 3.5 minutes)."""
+    """Every experiment at the quick budget, once for the module (about 4.5 minutes)."""
     results = tmp_path_factory.mktemp("reproduce") / "results"
     res = reproduce("--quick", "all", "--results", str(results))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -62,6 +62,14 @@ def test_quick_runs_write_metrics_and_records(quick):
     assert "--gem-shift paper" in e1
     e9 = json.loads((quick / "e9-global-lr0.1-n002-s0.json").read_text())["command"]
     assert "--gem-proxy global" in e9 and "--lr 0.1" in e9
+    # E10: DDP and DiLoCo run every rank as a worker; the same budget and straggler for all
+    for method, ranks in (("gem", 3), ("ddp", 2), ("diloco", 2)):
+        rec = json.loads((quick / f"e10-{method}-straggler-n002-s0.json").read_text())
+        assert rec["ranks"] == ranks and f"mpirun -n {ranks} " in rec["command"], rec
+        assert f"--method {method} " in rec["command"] and "--max-steps 20" in rec["command"]
+        assert "--straggler 2:5" in rec["command"]
+    e10 = json.loads((quick / "e10-diloco-even-n002-s0.json").read_text())["command"]
+    assert "--diloco-steps 20" in e10 and "--straggler" not in e10
     e8 = json.loads((quick / "e8-gem-n002-s0.json").read_text())
     assert e8["memory"]["peak_tree_pss_mb"] > 0  # measured by tools/memwatch.py
     assert (quick / "imagenet_synth" / "train").is_dir()
@@ -95,6 +103,23 @@ def test_report_pages_figures_and_claims(quick, tmp_path):
     for row in ("| 0.05 (E1) | 3 | global | 1/1 |", "| 0.05 (E1) | 3 | local | 1/1 |",
                 "| 0.1 (E6) | 2 | global | 1/1 |", "| 0.1 (E6) | 2 | local | 1/1 |"):
         assert row in e9, row
+    # E10: GEM against DDP and DiLoCo per cell, by the rule fixed before the runs
+    e10 = (out / "E10.md").read_text()
+    for case in ("no straggler", "worker 2, 5× slower"):
+        for method in ("GEM", "DDP", "DiLoCo"):
+            assert f"| 2 | {case} | {method} | 1/1 | 0/1 |" in e10, (case, method)
+        for rival in ("DDP", "DiLoCo"):
+            assert re.search(rf"- n = 2, {case}, against {rival}: \*\*(GEM wins|GEM loses|"
+                             r"mixed|even)\*\*\. time to 95 %: GEM ", e10), (case, rival)
+    assert "fixed in `gem_mpi/reproduce/experiments.py`" in e10
+    assert "--method ddp" in e10 and "--method diloco" in e10
+    # --pages: only the pages named, and no README
+    only = tmp_path / "only"
+    res = reproduce("--quick", "--report", "--pages", "E10", "--results", str(quick),
+                    "--out", str(only))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(p.name for p in only.iterdir()) == ["E10.md", "E10.png"]
+    assert (only / "E10.md").read_text() == e10
     # the runs' commits are checked against HEAD: they describe the code users get (or, run
     # from a checkout with uncommitted changes, the page says that cannot be checked)
     assert ("were made with uncommitted changes" if runner.git_state()["dirty"] else
@@ -103,7 +128,7 @@ def test_report_pages_figures_and_claims(quick, tmp_path):
     assert "momentum SGD (1 rank, the same η, μ, b): loss" in readme
     claims = readme.split("## Claims")[1].split("## Deviations")[0]
     rows = [ln for ln in claims.splitlines() if ln.startswith("| ") and "claim of" not in ln]
-    assert len(rows) == 12
+    assert len(rows) == 13
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[5].strip("*") in ("yes", "partly", "no"), row

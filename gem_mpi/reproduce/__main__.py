@@ -1,13 +1,14 @@
 """``python -m gem_mpi.reproduce``: run the paper's experiments, then report on them.
 
     python -m gem_mpi.reproduce --plan            # every run, its command, an estimate
-    python -m gem_mpi.reproduce all               # run E1–E9 one job at a time (resumable)
+    python -m gem_mpi.reproduce all               # run E1–E10 one job at a time (resumable)
     python -m gem_mpi.reproduce E1 E3             # only these (E3 shows E1's runs)
     python -m gem_mpi.reproduce all --seeds 0     # one seed of everything first, the rest later
     python -m gem_mpi.reproduce all --rerun-older-code   # remake runs of code older than HEAD's
     python -m gem_mpi.reproduce --report          # docs/results/ from results/mnist/*.h5
     python -m gem_mpi.reproduce --dataset fashion-mnist --report   # the Fashion-MNIST set
     python -m gem_mpi.reproduce --quick all --report --out /tmp/r   # the harness's own test
+    python -m gem_mpi.reproduce E10 --report --pages E10   # only E10's page, not README.md
 
 Run it again after an interruption (Ctrl-C, SIGTERM, a reboot) and it skips finished runs
 and resumes the interrupted one from its checkpoint. With --rerun-older-code, a done run
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gem_mpi.reproduce", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
-                   help="E1 … E9, or all (none with --plan: all)")
+                   help="E1 … E10, or all (none with --plan: all)")
     p.add_argument("--plan", action="store_true", help="print every run with its command "
                    "and an estimated wall time, and run nothing")
     p.add_argument("--seeds", type=int, nargs="+", metavar="SEED", help="only the runs with "
@@ -48,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "committed code")
     p.add_argument("--report", action="store_true", help="write the pages from the results "
                    "(after running the experiments named, if any)")
+    p.add_argument("--pages", nargs="+", metavar="EXPERIMENT", help="with --report, write "
+                   "only these experiments' pages, and not README.md (whose claims need "
+                   "every experiment's runs)")
     p.add_argument("--quick", action="store_true", help="tiny budgets (a few dozen steps per "
                    "worker, fewer workers and seeds), to test the harness end to end")
     p.add_argument("--dataset", choices=ex.DATASETS, default=ex.DATASETS[0],
@@ -81,8 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown experiment(s) {', '.join(unknown)}: choose from "
                      f"{', '.join(exps)} or all")
+    pages = [e.upper() for e in args.pages or []]
+    if [e for e in pages if e not in exps]:
+        bad = ", ".join(e for e in pages if e not in exps)
+        parser.error(f"--pages: unknown experiment(s) {bad}")
+    if pages and not args.report:
+        parser.error("--pages needs --report")
     if not names and not args.report:
-        parser.error("name the experiments to run (E1 … E9 or all), or pass --plan or "
+        parser.error("name the experiments to run (E1 … E10 or all), or pass --plan or "
                      "--report")
     runs = ex.select(exps, names)
     if args.seeds is not None:
@@ -118,9 +128,12 @@ def main(argv: list[str] | None = None) -> int:
                             older=older).run(runs)
     if args.report and rc != runner.EXIT_STOPPED:
         res = Results(results, exps, budget)
-        pages = report.write_pages(res, budget, out)
-        readme = claims.write_readme(res, budget, out)
-        print(f"reproduce: wrote {readme} and {len(pages)} pages in {out}", flush=True)
+        written = report.write_pages(res, budget, out, pages or None)
+        if pages:
+            print(f"reproduce: wrote {', '.join(map(str, written))}", flush=True)
+        else:
+            readme = claims.write_readme(res, budget, out)
+            print(f"reproduce: wrote {readme} and {len(written)} pages in {out}", flush=True)
     return rc
 
 

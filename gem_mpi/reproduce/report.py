@@ -21,9 +21,12 @@ from gem_mpi.reproduce import experiments as ex
 from gem_mpi.reproduce import runner
 from gem_mpi.reproduce.results import (
     Results,
+    Side,
     Stat,
     difference,
     diverged_count,
+    e10_side,
+    e10_verdict,
     file_digest,
     group,
     loss_curve,
@@ -626,8 +629,192 @@ def _e9(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
         _summary_rows(res, groups, lambda k: [k[0], str(k[1]), k[2]]))
 
 
+E10_LABELS = {"gem": "GEM", "ddp": "DDP", "diloco": "DiLoCo"}
+E10_CASE_TEXT = {"even": "no straggler",
+                 "straggler": f"worker {ex.E10_STRAGGLER.replace(':', ', ')}× slower"}
+
+
+def e10_cells(exp: ex.Experiment) -> dict[tuple[int, str], dict[str, list[ex.Run]]]:
+    """(n, case) → method → its runs (every seed), in the experiment's order."""
+    out: dict[tuple[int, str], dict[str, list[ex.Run]]] = {}
+    for r in exp.runs:
+        out.setdefault((r.n, ex.e10_case(r)), {}).setdefault(r.method, []).append(r)
+    return out
+
+
+def e10_time_text(side: Side) -> str:
+    """Time to the target, mean ± sd over the seeds that reached it, and how many did not."""
+    missed = sum(t is None for t in side.times)
+    if not side.times:
+        return "–"
+    if missed == len(side.times):
+        return "not reached"
+    text = side.time_stat().text(".1f", unit=" s")
+    return text + (f" ({missed} of {len(side.times)} not reached)" if missed else "")
+
+
+def e10_sides(res: Results, exp: ex.Experiment) -> dict[tuple[int, str], dict[str, Side]]:
+    """(n, case) → method → its done runs as the rule reads them."""
+    return {cell: {m: e10_side(res, runs) for m, runs in methods.items()}
+            for cell, methods in e10_cells(exp).items()}
+
+
+def e10_lines(res: Results, exp: ex.Experiment) -> list[tuple[tuple[int, str], str, str, str]]:
+    """Per cell and rival with done runs on both sides: (cell, rival, verdict, why)."""
+    out = []
+    for cell, sides in e10_sides(res, exp).items():
+        gem = sides.get("gem", Side((), ()))
+        for rival in (m for m in sides if m != "gem"):
+            other = sides[rival]
+            if not gem.accuracy or not other.accuracy:
+                continue
+            verdict, time, acc = e10_verdict(gem, other)
+            g, o = gem.accuracy_stat(), other.accuracy_stat()
+            why = (f"time to {100 * ex.E10_TARGET:g} %: GEM {e10_time_text(gem)}, "
+                   f"{E10_LABELS[rival]} {e10_time_text(other)} ({time}); final test "
+                   f"accuracy at equal samples: GEM {g.text('.2f', 100, ' %')}, "
+                   f"{E10_LABELS[rival]} {o.text('.2f', 100, ' %')} ({acc})")
+            out.append((cell, E10_LABELS[rival], verdict, why))
+    return out
+
+
+def _e10_stat(res: Results, runs: list[ex.Run], of: Callable) -> Stat:
+    """``of(run's data)`` over the done runs that did not diverge."""
+    vals = []
+    for r in res.done(runs):
+        d = res.data(r)
+        if d is not None and not analysis.diverged(d):
+            vals.append(float(of(d)))
+    return Stat(tuple(vals))
+
+
+def _e10_curves(ax_samples, ax_time, res: Results, methods: dict[str, list[ex.Run]]) -> None:
+    for i, (method, runs) in enumerate(methods.items()):
+        colour = SERIES[i]
+        curves = []
+        for k, r in enumerate(res.done(runs)):
+            d = res.data(r)
+            clock, t = d.eval_col("clock"), d.eval_col("time")
+            acc = d.eval_col("test_accuracy")
+            if clock is None or acc is None or not acc.size:
+                continue
+            curves.append((clock * analysis.samples_per_update(d), 100 * acc))
+            ax_time.plot(t, 100 * acc, lw=0.8, marker=".", ms=3, color=colour,
+                         label=E10_LABELS[method] if k == 0 else None)
+        if curves:  # an evaluation due while another runs is skipped: the seeds' common x
+            common = curves[0][0]
+            for x, _ in curves[1:]:
+                common = np.intersect1d(common, x)
+            curves = [(x[np.isin(x, common)], y[np.isin(x, common)]) for x, y in curves]
+            _band(ax_samples, mean_curve(curves), E10_LABELS[method], color=colour,
+                  marker=".", ms=3)
+    for ax in (ax_samples, ax_time):
+        ys = [y for line in ax.lines for y in np.asarray(line.get_ydata(), float)
+              if np.isfinite(y)]
+        if ax.lines:
+            ax.legend()
+        ax.axhline(100 * ex.E10_TARGET, color="k", lw=0.6, ls=":")
+        ax.set_ylim(min([100 * ex.E10_TARGET - 5, *ys]) - 0.5, 100)
+        ax.set_ylabel("test accuracy (%)")
+    ax_samples.set_xlabel("training samples (all workers)")
+    ax_time.set_xlabel("seconds (training clock)")
+
+
+def _e10(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
+    """Per cell (n, straggler or not): test accuracy against samples and against seconds for
+    each method; the table of time to target, samples/s, final numbers; the verdicts."""
+    plt = analysis.pyplot()
+    cells = e10_cells(exp)
+    ns = sorted({n for n, _ in cells})
+    cases = [c for c, _ in ex.E10_CASES]
+    fig, axes = plt.subplots(len(ns), 2 * len(cases), figsize=(4.2 * 2 * len(cases),
+                                                               3.6 * len(ns)), squeeze=False)
+    for row, n in zip(axes, ns):
+        for j, case in enumerate(cases):
+            a, b = row[2 * j], row[2 * j + 1]
+            _e10_curves(a, b, res, cells.get((n, case), {}))
+            a.set_title(f"{workers(n)}, {E10_CASE_TEXT[case]}: per sample")
+            b.set_title(f"{workers(n)}, {E10_CASE_TEXT[case]}: per second")
+    steps = exp.runs[0].steps if exp.runs else 0
+    gaps = [g for r in res.done(list(exp.runs)) for g in
+            np.diff(res.data(r).eval_col("time") if res.data(r).eval_col("time") is not None
+                    else np.zeros(0))]
+    lines = _figure(out, "E10.png", fig, "Test accuracy of θ against the training samples "
+                    "of all workers (mean over seeds at the numbers of samples every seed "
+                    "evaluated, ± one sd shaded) and against the "
+                    "training clock (each seed), per method, n and straggler; the dotted line "
+                    f"is the target, {100 * ex.E10_TARGET:g} %")
+    lines += [(f"Every method trains the same model on MNIST with η 0.05, μ 0.9 and b 64, "
+               f"each worker {steps} steps, so every run sees n × {steps} × 64 samples, and "
+               "is evaluated on the test set at the same numbers of samples: every "
+               f"{res.budget.e10_eval_steps} steps per worker "
+               "(a synchronous step is every worker's; GEM counts updates, so n times as "
+               "many); but an evaluation runs beside the training, and one that falls due "
+               "while another still runs is skipped, so that the runs here were evaluated "
+               + (f"every {np.median(gaps):.1f} s of their clock (median; "
+                  f"{np.percentile(gaps, 10):.1f}–{np.percentile(gaps, 90):.1f} s from the "
+                  "10th to the 90th percentile)" if gaps else "at most once per evaluation's "
+                  "time") + ": the time to target is known to about that. GEM runs one master rank besides its n workers; DDP and DiLoCo run n "
+               f"ranks. The straggler is worker {ex.E10_STRAGGLER.split(':')[0]}, "
+               f"{ex.E10_STRAGGLER.split(':')[1]} times slower (it sleeps after each step). "
+               "Every rank shares this machine's cores, so the seconds are this machine's: "
+               "with more ranks than cores, a straggler's sleep frees a core for the others."
+               + (f" {ex.E10_BUDGET_NOTE}" if res.budget.name == "full" else "")),
+              "",
+              (f"The verdict's rule was fixed in `gem_mpi/reproduce/experiments.py` (E10's "
+               f"constants; `results.py`: `e10_verdict`) and committed before any E10 run: "
+               f"per cell and rival, time to {100 * ex.E10_TARGET:g} % test accuracy (a "
+               "method reaches it only if every seed does; a gap counts if it is over "
+               f"{100 * (ex.E10_TIME_RATIO - 1):.0f} % and beyond two standard errors) and "
+               f"final test accuracy at equal samples (a gap counts if over "
+               f"{ex.E10_ACC_POINTS:g} points and beyond two standard errors; more diverged "
+               "runs is lower). GEM wins: faster and not lower, or as fast and higher; loses: "
+               "slower and not higher, or as fast and lower; mixed: faster but lower, or "
+               "slower but higher; even: neither differs."), "",
+              ("What the numbers do not say: every method steps with η 0.05, the paper's MNIST "
+               "setting, so DDP and DiLoCo, whose steps average n workers' "
+               "gradients (a batch n times GEM's), take n times fewer steps for the same "
+               "samples than GEM's master applies updates, and no η was tuned for them (nor "
+               "for GEM); and the seconds are those of n + 1 (GEM) or n ranks sharing this "
+               "machine's 2 cores, not of a core per worker."), "", "## Verdicts", ""]
+    verdicts = e10_lines(res, exp)
+    if verdicts:
+        count = {v: sum(x[2] == v for x in verdicts) for v in ("GEM wins", "GEM loses",
+                                                               "mixed", "even")}
+        lines += [f"Of {len(verdicts)} comparisons (cell × rival): " + ", ".join(
+            f"{v} {k}" for v, k in count.items()) + ".", ""]
+    lines += [f"- n = {n}, {E10_CASE_TEXT[case]}, against {rival}: **{verdict}**. {why}."
+              for (n, case), rival, verdict, why in verdicts] or ["No cell done yet."]
+    lines += ["", "## Numbers", ""]
+    rows = []
+    for (n, case), methods in cells.items():
+        for method, runs in methods.items():
+            side = e10_side(res, runs)
+            rows.append([str(n), E10_CASE_TEXT[case], E10_LABELS[method],
+                         f"{len(res.done(runs))}/{len(runs)}", _div(res, runs),
+                         e10_time_text(side),
+                         _e10_stat(res, runs, analysis.samples_per_second).text(".0f"),
+                         side.accuracy_stat().text(".2f", 100, " %"),
+                         _e10_stat(res, runs, lambda d: analysis.final_test(d).loss).text(
+                             ".4f"),
+                         stat(res, runs, "final_loss").text(".4f"),
+                         stat(res, runs, "wall_s", finished_only=False).text(".1f")])
+    lines += md_table(["n", "straggler", "method", "runs done", "diverged",
+                       f"time to {100 * ex.E10_TARGET:g} % test accuracy",
+                       "samples/s (all workers)", "final test accuracy", "final test loss",
+                       "final training loss", "training wall s"], rows)
+    lines += ["", ("Time to target: the training clock at the first evaluation at or above "
+                   "the target (mean ± sd over the seeds that reached it). Samples/s: "
+                   "training samples of all workers per second, while every worker still "
+                   "ran (GEM: up to the first worker's last update; synchronous: the whole "
+                   "run). Final numbers: the evaluation at the end, after the same samples "
+                   "for every method. Training loss: the workers' mini-batch loss over the "
+                   "last 10 % of updates or steps.")]
+    return lines
+
+
 BODIES: dict[str, Body] = {"E1": _e1, "E2": _e2, "E3": _e3, "E4": _e4, "E5": _e5, "E6": _e6,
-                           "E7": _e7, "E8": _e8, "E9": _e9}
+                           "E7": _e7, "E8": _e8, "E9": _e9, "E10": _e10}
 
 
 # --- provenance and the page ------------------------------------------------------------------
@@ -683,10 +870,14 @@ def page(res: Results, exp: ex.Experiment, budget: ex.Budget, out: Path) -> str:
     return "\n".join(head + body + [""] + _provenance(res, exp, budget)).rstrip() + "\n"
 
 
-def write_pages(res: Results, budget: ex.Budget, out: Path) -> list[Path]:
+def write_pages(res: Results, budget: ex.Budget, out: Path,
+                only: list[str] | None = None) -> list[Path]:
+    """Every experiment's page (or only those named) in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for exp in res.exps.values():
+        if only is not None and exp.id not in only:
+            continue
         path = out / f"{exp.id}.md"
         path.write_text(page(res, exp, budget, out))
         paths.append(path)

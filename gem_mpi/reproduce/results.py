@@ -210,3 +210,92 @@ def file_digest(path: Path) -> tuple[str, int]:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest(), path.stat().st_size
+
+
+# --- E10's verdict rule (experiments.py states it and why, beside its constants) ----------
+
+@dataclass(frozen=True)
+class Side:
+    """One method's seeds in one E10 cell: its time to the target per seed (None: not
+    reached, or diverged) and its final test accuracy per seed (NaN: diverged)."""
+
+    times: tuple[float | None, ...]
+    accuracy: tuple[float, ...]
+
+    @property
+    def reached(self) -> bool:
+        """Every seed reached the target."""
+        return bool(self.times) and all(t is not None and math.isfinite(t)
+                                         for t in self.times)
+
+    def time_stat(self) -> Stat:
+        return Stat(tuple(math.nan if t is None else float(t) for t in self.times))
+
+    @property
+    def diverged(self) -> int:
+        """Runs without a final accuracy (diverged)."""
+        return sum(not math.isfinite(a) for a in self.accuracy)
+
+    def accuracy_stat(self) -> Stat:
+        """Final test accuracy of the runs that did not diverge."""
+        return Stat(tuple(a for a in self.accuracy if math.isfinite(a)))
+
+
+def _beyond_scatter(d: Difference) -> bool:
+    """The gap is beyond two standard errors (with no se, one seed a side: it is)."""
+    return not math.isfinite(d.se) or abs(d.mean) > 2 * d.se
+
+
+def e10_time(gem: Side, rival: Side) -> str:
+    """faster, slower, tie (both reach, no clear gap) or neither (neither reaches)."""
+    if gem.reached != rival.reached:
+        return "faster" if gem.reached else "slower"
+    if not gem.reached:
+        return "neither"
+    g, r = gem.time_stat(), rival.time_stat()
+    d = difference(r, g)  # > 0: GEM gets there first
+    if r.mean > ex.E10_TIME_RATIO * g.mean and _beyond_scatter(d):
+        return "faster"
+    if g.mean > ex.E10_TIME_RATIO * r.mean and _beyond_scatter(d):
+        return "slower"
+    return "tie"
+
+
+def e10_accuracy(gem: Side, rival: Side) -> str:
+    """higher, lower or tie: GEM's final test accuracy at equal samples against the rival's
+    (the side with more diverged runs is lower, whatever the others')."""
+    if gem.diverged != rival.diverged:
+        return "lower" if gem.diverged > rival.diverged else "higher"
+    d = difference(gem.accuracy_stat(), rival.accuracy_stat())
+    if not math.isfinite(d.mean):
+        return "tie"
+    if 100 * abs(d.mean) > ex.E10_ACC_POINTS and _beyond_scatter(d):
+        return "higher" if d.mean > 0 else "lower"
+    return "tie"
+
+
+E10_VERDICTS = {("faster", "higher"): "GEM wins", ("faster", "tie"): "GEM wins",
+                ("tie", "higher"): "GEM wins", ("neither", "higher"): "GEM wins",
+                ("slower", "lower"): "GEM loses", ("slower", "tie"): "GEM loses",
+                ("tie", "lower"): "GEM loses", ("neither", "lower"): "GEM loses",
+                ("faster", "lower"): "mixed", ("slower", "higher"): "mixed",
+                ("tie", "tie"): "even", ("neither", "tie"): "even"}
+
+
+def e10_verdict(gem: Side, rival: Side) -> tuple[str, str, str]:
+    """(verdict, time outcome, accuracy outcome) of GEM against one rival in one cell."""
+    time, acc = e10_time(gem, rival), e10_accuracy(gem, rival)
+    return E10_VERDICTS[(time, acc)], time, acc
+
+
+def e10_side(res: Results, runs: list[ex.Run]) -> Side:
+    """The done runs of one method in one cell, as the rule reads them."""
+    times, accs = [], []
+    for r in res.done(runs):
+        d = res.data(r)
+        assert d is not None
+        bad = analysis.diverged(d)
+        t = None if bad else analysis.time_to_accuracy(d, ex.E10_TARGET)
+        times.append(t)
+        accs.append(math.nan if bad else analysis.final_test(d).accuracy)
+    return Side(tuple(times), tuple(accs))

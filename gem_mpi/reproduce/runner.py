@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gem_mpi.config import synchronous
 from gem_mpi.outputs import analysis
 from gem_mpi.outputs.files import atomic_write
 from gem_mpi.reproduce import experiments as ex
@@ -58,7 +59,7 @@ ASSUMED_RATE = {("mnist-cnn", "async"): 6000.0, ("mnist-cnn", "sync"): 4500.0,
 
 
 def rate_key(run: ex.Run) -> tuple[str, str]:
-    kind = "async" if run.method != "sync" else "sync1" if run.ranks == 1 else "sync"
+    kind = "async" if not synchronous(run.method) else "sync1" if run.ranks == 1 else "sync"
     return run.model, kind
 
 
