@@ -37,11 +37,15 @@ def _flat(path) -> torch.Tensor:
     return torch.cat([v.flatten() for v in torch.load(path, weights_only=True).values()])
 
 
-@pytest.mark.parametrize("mode", ["wait", "pipelined", "overlap"])
-def test_a_group_computes_what_one_worker_computes_on_the_union_batch(tmp_path, mode):
+@pytest.mark.parametrize("method, mode", [
+    ("gem", "wait"), ("gem", "pipelined"), ("gem", "overlap"), ("downpour", "wait"),
+    ("adaptive", "pipelined"), ("gap-aware", "wait")])
+def test_a_group_computes_what_one_worker_computes_on_the_union_batch(tmp_path, method, mode):
     """1 group of 2 ranks, each 8 samples a step, against 1 worker of 16: the same θ after
-    15 updates within float32 summation order (the allreduce adds the two halves' means)."""
-    common = [*MLP, "--max-steps", "15", "--worker-mode", mode, "--lr", "0.1"]
+    15 updates within float32 summation order (the allreduce adds the two halves' means),
+    whatever the master's rule and the worker's order."""
+    common = [*MLP, "--max-steps", "15", "--worker-mode", mode, "--lr", "0.1", "--method",
+              method]
     grouped, single = tmp_path / "group.pt", tmp_path / "single.pt"
     res = mpirun(3, ["-m", "gem_mpi.train", *common, "--group-size", "2", "--batch-size", "8",
                      "--save", str(grouped), "--metrics", str(tmp_path / "g.h5")],
