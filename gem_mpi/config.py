@@ -323,7 +323,8 @@ class RuntimeConfig:
                              "extension is built")
     straggler: str | None = opt(None, "make worker WORKER (1..n: MPI rank K-1+WORKER with "
                                 "--masters K, rank WORKER-1 with --method sync, which has no "
-                                "master) FACTOR "
+                                "master; with --group-size, group WORKER, its leader sleeping) "
+                                "FACTOR "
                                 "times slower (it sleeps after each step): to see what "
                                 "asynchrony buys", metavar="WORKER:FACTOR")
 

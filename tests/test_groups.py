@@ -136,9 +136,12 @@ def test_a_killed_member_ends_the_job_and_the_resume_applies_every_update_once(t
     (4, ("--group-size", "2"), "--group-size 2 must divide the 3 worker ranks"),
     (4, ("--group-size", "2", "--method", "ddp"), "--method ddp is synchronous"),
     (5, ("--group-size", "2", *quadratic_args()), "--model quadratic has none"),
+    (3, ("--group-size", "2", "--model", "plugins:mlp", "--dataset", "plugins:blobs",
+         "--loss", "cross_entropy", "--batch-size", "400"),
+     "--batch-size 400 × --group-size 2 exceeds the 600 training samples"),
 ])
 def test_group_bad_input_is_one_line_and_exit_2(ranks, extra, says):
-    res = train(ranks, *extra, timeout=120)
+    res = mpirun(ranks, ["-m", "gem_mpi.train", *extra], cwd=USER_CODE, timeout=120)
     assert res.returncode == 2, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi:")]
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in res.stderr, res.stderr

@@ -305,7 +305,9 @@ def _check_data(cfg: Config, world_size: int) -> None:
     dataset's headers, or counts ImageFolder images up to what is needed)."""
     from gem_mpi.problem.data import check_dataset, dataset_spec  # torch: not for the quadratic
 
-    d = cfg.data
+    g = cfg.runtime.group_size  # a worker group's step takes G × --batch-size samples
+    d = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * g)
+    batch = f"--batch-size {cfg.data.batch_size}" + (f" × --group-size {g}" if g > 1 else "")
     if not is_plugin(d.dataset):
         dataset_spec(d.dataset, d.model)  # combinations that cannot work
     shards = n_workers(cfg, world_size) if d.shard else 1
@@ -332,10 +334,10 @@ def _check_data(cfg: Config, world_size: int) -> None:
         _check_schedule(cfg.optim, min(steps, d.max_steps) if d.max_steps else steps)
         return
     if shards > 1:
-        raise UsageError(f"--batch-size {d.batch_size} exceeds the {n // shards} training "
+        raise UsageError(f"{batch} exceeds the {n // shards} training "
                          f"samples of each worker's shard (--shard: {n} samples of {what} "
                          f"over {shards} workers); use a smaller batch or fewer workers")
-    raise UsageError(f"--batch-size {d.batch_size} exceeds the {n} training samples of "
+    raise UsageError(f"{batch} exceeds the {n} training samples of "
                      f"{what}; use a smaller batch")
 
 
