@@ -153,11 +153,17 @@ def test_the_loss_probe_holds_on_open_mpi_5_with_ulfm():
 
     cmd, env = stack_command("openmpi5", 4, [str(PROBE)])
     cmd[1:1] = ["--with-ft", "ulfm"]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120,
-                         check=False)
-    verdict = [ln for ln in res.stdout.splitlines() if "verdict=" in ln]
-    assert len(verdict) == 1 and "verdict=holds" in verdict[0], res.stdout + res.stderr
-    assert res.stdout.count("finalized") == 3  # rank 0 and the two survivors
+    try:
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60,
+                             check=False, start_new_session=True)
+        out, ended = res.stdout, True
+    except subprocess.TimeoutExpired as exc:  # MPI_Finalize after a loss may hang (the doc)
+        out, ended = (exc.stdout or b"").decode(), False
+        subprocess.run(["pkill", "-KILL", "-f", str(PROBE)], check=False)
+    verdict = [ln for ln in out.splitlines() if "verdict=" in ln]
+    assert len(verdict) == 1 and "verdict=holds" in verdict[0], out
+    if ended:  # rank 0 and the two survivors finalized
+        assert out.count("finalized") == 3, out
 
 
 def test_the_loss_probe_ends_the_job_on_open_mpi_4():
