@@ -52,8 +52,10 @@ from gem_mpi.config import (
 
 # message kinds (a mailbox header's ``kind``)
 UPDATE = 1  # carries an update's payload
-DONE = 2  # the worker's budget is used up; carries its time split (WORKER_TIME_COLUMNS)
-KINDS = {UPDATE: "update", DONE: "done"}
+DONE = 2  # the worker's batches are done; carries its time split (WORKER_TIME_COLUMNS)
+LEFT = 3  # the worker leaves the live run (SIGTERM); seq: its updates, all applied; the split
+KINDS = {UPDATE: "update", DONE: "done", LEFT: "left"}
+SIGN_OFFS = (DONE, LEFT)  # the messages that carry the time split instead of an update
 
 # the stop word: how the run ended, so that every rank exits with the master's code
 RUNNING = 0
@@ -317,10 +319,21 @@ class Piece:
 
 @dataclass(frozen=True)
 class Final:
-    """follower → lead, once every worker is done with it: its last state and its summary."""
+    """follower → lead, once every worker is done with it: its last state and its summary;
+    ``deals``: the lead's :class:`Deal` messages it had seen (an older one is stale)."""
 
     state: ShardState
     summary: dict
+    deals: int = 0
+
+
+@dataclass(frozen=True)
+class Deal:
+    """lead → follower: worker ``worker`` was dealt batches that a departed worker had not
+    done, its plan now ``length`` batches long (sent before the worker learns of them)."""
+
+    worker: int
+    length: int
 
 
 @dataclass(frozen=True)
@@ -335,7 +348,7 @@ class Bye:
     """follower → lead, after the lead's :class:`End`: every row has been sent."""
 
 
-LEAD_SAYS = (Hold, Cut, Go, Gather, End)
+LEAD_SAYS = (Hold, Cut, Go, Gather, End, Deal)
 REPLIES = (At, State, Piece, Bye)  # what the lead waits for, one from each follower
 
 
@@ -348,11 +361,13 @@ __all__ = [
     "FINISHED",
     "KINDS",
     "LEAD_SAYS",
+    "LEFT",
     "NARROWED",
     "OUTPUT_FAILED",
     "REPLIES",
     "RUNNING",
     "SHIFT_BASE",
+    "SIGN_OFFS",
     "STOPPED",
     "STOP_WORDS",
     "UPDATE",
@@ -361,6 +376,7 @@ __all__ = [
     "At",
     "Bye",
     "Cut",
+    "Deal",
     "Diverged",
     "End",
     "Final",

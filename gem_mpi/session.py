@@ -35,6 +35,7 @@ from gem_mpi.run.rank import (
     group_check,
     local_placement,
     torch_device,
+    worker_data,
 )
 from gem_mpi.run.supervisor import (
     EXIT_CODES,
@@ -122,7 +123,7 @@ def _deal(cfg: config.Config, ckpt: checkpoint.Checkpoint, m: int) -> checkpoint
     anew (gem_mpi.problem.elastic), recorded in the checkpoint and the metrics file."""
     n = ckpt.n_workers
     plans = (elastic.from_array(ckpt.data_plan, n) if ckpt.data_plan is not None else
-             first_plans(cfg.data, n, cfg.data.model == config.QUADRATIC))
+             first_plans(worker_data(cfg), n, cfg.data.model == config.QUADRATIC))
     done = [int(k) for k in ckpt.next_seq]
     dealt = elastic.redeal(plans, done, m)
     next_seq = np.array([done[w] if w < n else 0 for w in range(m)], np.int64)
@@ -209,7 +210,8 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint 
         group = Group(cfg, group_comm, torch_device(cfg.runtime.threads, placement))
         _say_group(cfg, group_comm, placement, worker)
     code = run_worker(cfg, comm, plan, problem, placement, start_seq=start_seq,
-                      run_id=run_id, comms=comms, plan=dealt, group=group)
+                      run_id=run_id, comms=comms, plan=dealt, group=group,
+                      leaving=stop.terminated)
     if group is not None:
         group.end(code)
         group.close()

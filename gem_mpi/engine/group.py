@@ -19,22 +19,24 @@ longer, so that the master speaks first).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import time
 
-from gem_mpi.config import AMP_BF16, Config, DataConfig
+from gem_mpi.config import AMP_BF16, Config
 from gem_mpi.problem import Problem
-from gem_mpi.run.rank import Placement, data_stream, seed_dropout, torch_device
+from gem_mpi.run.rank import (
+    Placement,
+    data_stream,
+    first_plans,
+    seed_dropout,
+    torch_device,
+    worker_data,
+)
 from gem_mpi.transport import MPI
 from gem_mpi.transport.runtime import rendezvous
 
 _END = -1  # in the control word's step field: the run ended, the code follows
-
-
-def group_data(data: DataConfig, size: int) -> DataConfig:
-    """The group's stream: its batch is ``size`` × --batch-size, each rank taking a part."""
-    return dataclasses.replace(data, batch_size=data.batch_size * size)
+_MORE = -2  # the group was dealt more batches (a departed worker's): their runs follow
 
 
 class Group:
@@ -63,6 +65,8 @@ class Group:
         self.backend = backend
         self._word = torch.zeros(2, dtype=torch.int64, device=device)
         self.allreduce_s = 0.0  # seconds in the gradient's average (the group's cost)
+        self.more: list = []  # a member: the runs last dealt to the group
+        self.ended = False  # the leader said the end
 
     def part(self, x: object, y: object) -> tuple[object, object]:
         """This rank's part of the group's batch."""
@@ -75,12 +79,28 @@ class Group:
         self.dist.broadcast(self._word, src=0)
         self.dist.broadcast(flat, src=0)
 
+    def extend(self, runs: list) -> None:
+        """Leader: the group was dealt ``runs`` (:mod:`gem_mpi.problem.elastic`) after its
+        own batches; the members read their parts of them too."""
+        torch = self.torch
+        self._word[0], self._word[1] = _MORE, len(runs)
+        self.dist.broadcast(self._word, src=0)
+        self.dist.broadcast(torch.tensor(runs, dtype=torch.int64, device=self._word.device),
+                            src=0)
+
     def next_step(self, flat: object) -> tuple[int, int]:
-        """Member: (the step, 0) with θ received into ``flat``, or (-1, the leader's code)."""
+        """Member: (the step, 0) with θ received into ``flat``, (-1, the leader's code), or
+        (-2, 0) with the runs dealt to the group in ``self.more``."""
         self.dist.broadcast(self._word, src=0)
         seq, code = int(self._word[0]), int(self._word[1])
         if seq == _END:
             return _END, code
+        if seq == _MORE:
+            runs = self.torch.empty((code, 5), dtype=self.torch.int64,
+                                    device=self._word.device)
+            self.dist.broadcast(runs, src=0)
+            self.more = [tuple(r) for r in runs.tolist()]
+            return _MORE, 0
         self.dist.broadcast(flat, src=0)
         return seq, 0
 
@@ -92,7 +112,11 @@ class Group:
         self.allreduce_s += time.perf_counter() - t
 
     def end(self, code: int) -> None:
-        """Leader: the run is over; the members exit with ``code`` (the master's stop word)."""
+        """Leader: the run is over (or the leader left it); the members exit with ``code``
+        (the master's stop word). Once: a departed leader has told them already."""
+        if self.ended:
+            return
+        self.ended = True
         self._word[0], self._word[1] = _END, code
         self.dist.broadcast(self._word, src=0)
 
@@ -121,8 +145,8 @@ def run_member(cfg: Config, group: Group, problem: Problem, placement: Placement
         offset += n
     loss_fn = problem.loss.mean
     amp = torch.bfloat16 if cfg.optim.amp == AMP_BF16 else None
-    _, batches = data_stream(group_data(cfg.data, group.size), worker, n_workers, start_seq,
-                             plan)
+    data = worker_data(cfg)
+    _, batches = data_stream(data, worker, n_workers, start_seq, plan)
     # dropout masks of its own: a number no worker of the run has, fixed per (group, member)
     masks = n_workers * group.member + worker
     expect = start_seq
@@ -131,6 +155,12 @@ def run_member(cfg: Config, group: Group, problem: Problem, placement: Placement
             seq, code = group.next_step(flat)
             if seq == _END:
                 return code
+            if seq == _MORE:  # the group's stream goes on with the batches dealt to it
+                plan = (plan if plan is not None else
+                        first_plans(data, n_workers, False)[worker - 1]) + group.more
+                batches.close()
+                _, batches = data_stream(data, worker, n_workers, expect, plan)
+                continue
             if seq != expect:
                 raise RuntimeError(f"group {worker}: the leader sent step {seq}, this member "
                                    f"expected {expect}")

@@ -16,11 +16,12 @@ import numpy as np
 
 from gem_mpi.algorithm.kernel import GapStats, GemStats, Kernel, kernel_threads, node_cores_left
 from gem_mpi.algorithm.rule import MasterRule
-from gem_mpi.config import GAP_AWARE, GEM, PROXY_GLOBAL, Config
+from gem_mpi.config import GAP_AWARE, GEM, PROXY_GLOBAL, QUADRATIC, Config
+from gem_mpi.engine.roster import Dealer, Roster
 from gem_mpi.engine.shards import Lead, Plan
 from gem_mpi.errors import OutputError
 from gem_mpi.outputs import checkpoint
-from gem_mpi.problem import Problem
+from gem_mpi.problem import Problem, elastic
 from gem_mpi.protocol import (
     ABORTED,
     DONE,
@@ -29,6 +30,7 @@ from gem_mpi.protocol import (
     At,
     Bye,
     Cut,
+    Deal,
     End,
     Gather,
     Go,
@@ -39,7 +41,7 @@ from gem_mpi.protocol import (
     State,
     update_payload,
 )
-from gem_mpi.run.rank import Placement, RankPlace, placement_line
+from gem_mpi.run.rank import Placement, RankPlace, first_plans, placement_line, worker_data
 from gem_mpi.run.supervisor import (
     EXIT_CODES,
     SHUTDOWN,
@@ -50,6 +52,7 @@ from gem_mpi.run.supervisor import (
 )
 from gem_mpi.transport import MPI, Backoff
 from gem_mpi.transport.endpoints import MasterEndpoint
+from gem_mpi.transport.idioms import Orders
 from gem_mpi.transport.link import MessageLink
 
 
@@ -115,7 +118,9 @@ class Master:
         self.verbose = cfg.monitor.verbose
         self.eval_split = cfg.data.eval_split  # what the end line calls the evaluation
         self.exit_timeout = cfg.monitor.exit_timeout
-        self.done = 0  # workers whose budget is used up
+        self.roster = Roster(self.n_workers)  # who is done, who left
+        self.dealer: Dealer | None = None  # rank 0: a departed worker's batches (attach)
+        self.cfg = cfg
         self.rejected: dict[int, int] = {}  # per worker
         self.timers = dict.fromkeys(("wait", "apply", "metrics", "mpi"), 0.0)
         self.cpu_s = 0.0  # the process's CPU seconds while serving (loop)
@@ -134,6 +139,24 @@ class Master:
         followers. The supervisor has restored a resumed state by now."""
         self.sup, self.lead = sup, lead
         self.clock0 = self.clock
+        if self.role is None or self.role.shard == 0:
+            self.dealer = Dealer(self.roster, self._plans, self._give, Orders.RUNS)
+
+    def _plans(self) -> list[elastic.Plan]:
+        """The workers' plans now: as the checkpoint resumed dealt them, else each its own."""
+        if self.sup.data_plan is not None:
+            return elastic.from_array(self.sup.data_plan, self.n_workers)
+        return first_plans(worker_data(self.cfg), self.n_workers,
+                           self.cfg.data.model == QUADRATIC)
+
+    def _give(self, worker: int, runs: elastic.Plan, length: int) -> None:
+        """Deal ``runs`` to ``worker``: the followers learn it first (they must not count
+        the worker done), then the worker's order; the watchdog waits for it again."""
+        if self.lead is not None:
+            self.lead.send_all(Deal(worker, length))
+        self.ep.give(worker, runs)
+        self.sup.heard(worker)
+        self.sup.expect(worker)
 
     def idle_backoff(self, first: float = 20e-6, limit: float = 5e-3) -> Backoff:
         return self.ep.idle_backoff(first, limit)
@@ -154,8 +177,15 @@ class Master:
             pieces = [p.theta for p in self.lead.collect(Piece)]
         return np.concatenate([self.ep.theta, *pieces])
 
+    def _over(self) -> bool:
+        """Every worker done or gone, nothing left to deal (a follower: as far as it knows)."""
+        if self.dealer is None:
+            return self.roster.all_finished()
+        return self.dealer.over()
+
     def _all_done(self) -> bool:
-        return self.done == self.n_workers and self.lead is not None and self.lead.all_final()
+        return (self._over() and self.lead is not None
+                and self.lead.all_final(self.roster.deals))
 
     def shard_state(self, copy: bool = True) -> ShardState:
         """This master's part of a checkpoint (``copy``: the shard goes on after it)."""
@@ -278,7 +308,10 @@ class Master:
         backoff = self.ep.idle_backoff()  # makes MPI progress too
         clock_fn = time.perf_counter
         next_drain = next_check = 0.0
-        while self.done < self.n_workers:
+        while not self._over():
+            if self.dealer is not None and self.roster.all_finished():  # all gone, a rest
+                return Verdict(Outcome.STOPPED, f"the departure of every worker, with "
+                               f"{self.dealer.rest()} batches of the run not trained,")
             if self.lead is not None and clock_fn() >= next_drain:  # the followers' rows
                 t = clock_fn()  # and words; at most every DRAIN_S: an Iprobe that finds
                 self.lead.drain()  # nothing may yield the core (oversubscribed Open MPI)
@@ -306,7 +339,7 @@ class Master:
             next_check = 0.0
         if self.lead is not None:  # the run's θ is final once every shard applied all
             t = clock_fn()
-            self.lead.wait_finals()
+            self.lead.wait_finals(self.roster.deals)
             self.timers["wait"] += clock_fn() - t
         return Verdict(Outcome.FINISHED)
 
@@ -324,14 +357,15 @@ class Master:
         apply_total = 0.0
         self.ep.begin_write()
         batch = []
+        signed = []  # DONE and LEFT: handled once the batch is applied and released
         for i, slot in enumerate(ready):
             if i:  # workers' RMA on rank 0 moves on between updates
                 self.ep.progress.once()
             msg = self.ep.take(int(slot))
-            sup.heard(msg.rank, msg.kind == DONE)
-            if msg.kind == DONE:  # it carries the worker's time split
+            sup.heard(msg.rank, msg.kind != UPDATE)
+            if msg.kind != UPDATE:  # DONE or LEFT: it carries the worker's time split
                 self.worker_time[msg.rank - 1] = msg.payload[:len(WORKER_TIME_COLUMNS)]
-                self.done += 1
+                signed.append((msg.kind, msg.rank, msg.seq))
                 continue
             staleness = self.clock - msg.version
             t = clock_fn()
@@ -352,9 +386,33 @@ class Master:
         # cannot leave them apart
         for u in batch:
             self.next_seq[u.worker - 1] = u.seq + 1
+        for kind, worker, seq in signed:
+            self._signed_off(kind, worker, seq)
         self.timers["apply"] += apply_total
         self.timers["mpi"] += clock_fn() - t_batch - apply_total
         return batch
+
+    def _signed_off(self, kind: int, worker: int, seq: int) -> None:
+        """A worker's DONE or LEFT (``seq``: its updates, all applied by now). Rank 0 deals
+        a departed worker's batches to the workers waiting, and records the departure."""
+        if seq != self.next_seq[worker - 1]:
+            raise RuntimeError(f"worker {worker} signed off after {seq} updates, "
+                               f"{self.next_seq[worker - 1]} of them applied")
+        dealer = self.dealer
+        if dealer is None:  # a follower: the lead deals, and tells it (Deal)
+            if kind == DONE:
+                self.roster.done(worker, seq)
+            else:
+                self.roster.leave(worker)
+            return
+        if kind == DONE:
+            dealer.done(worker, seq)
+        else:
+            rest = dealer.leave(worker, seq)
+            self.sup.departed(worker, seq, self.clock, rest, dealer.data_plan())
+        given = dealer.deal()
+        if given:
+            self.sup.replan(dealer.data_plan(), given)
 
     def _below(self, slot: int, limit: np.ndarray) -> bool:
         msg = self.ep.take(slot)
@@ -407,7 +465,7 @@ class Master:
 
     def _status(self) -> str:
         return (f"loss {self.sup.recent_loss:.4f} staleness {self.recent_staleness:.1f} "
-                f"workers done {self.done}/{self.n_workers}")
+                f"workers done {self.roster.finished()}/{self.n_workers}")
 
     def summary(self) -> dict:
         out = {"rejected": sum(self.rejected.values()), "worker_time": self.worker_time,

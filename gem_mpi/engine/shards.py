@@ -45,12 +45,14 @@ from typing import Protocol
 import numpy as np
 
 from gem_mpi.config import Config
+from gem_mpi.engine.roster import Roster
 from gem_mpi.outputs.checkpoint import Checkpoint
 from gem_mpi.problem import Problem
 from gem_mpi.protocol import (
     At,
     Bye,
     Cut,
+    Deal,
     Diverged,
     End,
     Final,
@@ -131,6 +133,7 @@ class ShardEngine(Protocol):
     """What a follower drives of its master (:class:`gem_mpi.engine.master.Master`)."""
 
     next_seq: np.ndarray
+    roster: Roster
 
     def loop(self) -> Verdict: ...
 
@@ -163,6 +166,7 @@ class Follower:
         self.recording = True
         self.recent_loss = float("nan")
         self.summary: dict = {}
+        self.data_plan = None  # the lead keeps the plans
         self.word: int | None = None  # the lead's stop word, once it said it
         self.held = False
         self._rows: list[tuple[str, dict]] = []
@@ -175,6 +179,16 @@ class Follower:
     # --- what the engine calls --------------------------------------------------------------
     def heard(self, worker: int, finished: bool = False) -> None:
         """The lead's watchdog watches the workers (every worker posts to every shard)."""
+
+    def expect(self, worker: int) -> None:
+        """The lead deals; it watches the workers."""
+
+    def departed(self, worker: int, seq: int, clock: int, rest: int,
+                 data_plan: np.ndarray) -> None:
+        """The lead records departures."""
+
+    def replan(self, data_plan: np.ndarray, given: list[tuple[int, int]]) -> None:
+        """The lead keeps the plans."""
 
     def record_update(self, row: dict) -> None:
         self._rows.append(("update", row))
@@ -222,17 +236,23 @@ class Follower:
         """The shard's loop; at its end (every worker done) its final part goes to the lead,
         then it answers the lead until the lead's stop word. Its rows all sent, it says
         goodbye and returns the word's outcome."""
-        self.engine.loop()
-        if self.word is None:
+        roster = self.engine.roster
+        while True:
+            self.engine.loop()
+            if self.word is not None:
+                break
             self._send_rows(now=True)
-            self.link.send(LEAD, Final(self.engine.shard_state(), self.engine.summary()))
+            self.link.send(LEAD, Final(self.engine.shard_state(), self.engine.summary(),
+                                       roster.deals))
             backoff = self.engine.idle_backoff(first=50e-6, limit=5e-3)
-            while self.word is None:
+            while self.word is None and roster.all_finished():
                 got = self.link.poll(LEAD)
                 if got is not None:
                     self._handle(got[1])
                 else:
                     backoff.wait()
+            if self.word is not None:  # else a worker was dealt more: serve again
+                break
         self._send_rows(now=True)
         self.link.send(LEAD, Bye())  # after every row: the lead has them all
         self.link.flush()
@@ -262,6 +282,8 @@ class Follower:
                 self.link.send(LEAD, Piece(engine.theta().copy()))
             case End(word=word):
                 self.word = word
+            case Deal(worker=worker, length=length):
+                engine.roster.dealt(worker, length)
             case _:
                 raise TypeError(f"shard {self.shard}: unexpected message {msg!r} from the lead")
 
@@ -321,14 +343,16 @@ class Lead:
                 return [got.pop(k) for k in self.followers]
             backoff.wait()
 
-    def all_final(self) -> bool:
-        return len(self.finals) == len(self.followers)
+    def all_final(self, deals: int = 0) -> bool:
+        """Every follower's final part, sent after it had seen all ``deals`` of the lead."""
+        return (len(self.finals) == len(self.followers)
+                and all(f.deals == deals for f in self.finals.values()))
 
-    def wait_finals(self) -> None:
+    def wait_finals(self, deals: int = 0) -> None:
         backoff = Backoff(50e-6, 2e-3, progress=self.progress)
-        while not self.all_final():
+        while not self.all_final(deals):
             self.drain()
-            if not self.all_final():
+            if not self.all_final(deals):
                 backoff.wait()
 
     def final_states(self) -> list[ShardState]:

@@ -29,13 +29,21 @@ from gem_mpi.algorithm.kernel import load_extension
 from gem_mpi.algorithm.rule import WorkerRule
 from gem_mpi.algorithm.stepsize import Schedule, clip
 from gem_mpi.config import AMP_BF16, OVERLAP, PIPELINED, Config, DataConfig, OptimConfig
-from gem_mpi.engine.group import Group, group_data
+from gem_mpi.engine.group import Group
 from gem_mpi.engine.shards import Plan
 from gem_mpi.outputs import checkpoint
 from gem_mpi.problem import Problem, unflatten
 from gem_mpi.problem.elastic import length
-from gem_mpi.protocol import DONE, STOPPED, UPDATE, WORKER_TIME_COLUMNS
-from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
+from gem_mpi.protocol import DONE, FINISHED, LEFT, STOPPED, UPDATE, WORKER_TIME_COLUMNS
+from gem_mpi.run.rank import (
+    Placement,
+    data_stream,
+    first_plans,
+    seed_dropout,
+    slowness,
+    torch_device,
+    worker_data,
+)
 from gem_mpi.transport import MPI
 from gem_mpi.transport.endpoints import WorkerShards
 
@@ -80,6 +88,13 @@ class _QuadraticSteps:
 
     def close(self) -> None:
         """Nothing to end: the quadratic has no data stream."""
+
+    def extend(self, runs: list) -> None:
+        """Dealt ``runs`` more batches (a departed worker's): the quadratic has no data."""
+        self.steps += length(runs)
+
+    def release(self) -> None:
+        """Nothing to give back: numpy on the CPU."""
 
 
 class _TorchSteps:
@@ -127,7 +142,8 @@ class _TorchSteps:
                         for _ in range(2 if overlapped else 1)]
         self.delta = self._deltas[0]
         self.group = group
-        data = cfg.data if group is None else group_data(cfg.data, group.size)
+        data = self.data = worker_data(cfg)
+        self.n_workers, self.plan = n_workers, plan
         self.steps, self.batches = data_stream(data, rank, n_workers, start_seq, plan)
         self.lr = cfg.optim.lr
         self.schedule = Schedule.of(cfg.optim, self.steps)
@@ -322,6 +338,30 @@ class _TorchSteps:
         """End the data stream: its loader processes (--loader-workers) stop now."""
         self.batches.close()
 
+    def extend(self, runs: list) -> None:
+        """Dealt ``runs`` more batches (a departed worker's, issue 39) after its own plan:
+        the stream goes on with them (the lr schedule stays the one of its own plan: a
+        batch past its end takes the schedule's last η)."""
+        own = self.plan if self.plan is not None else first_plans(
+            self.data, self.n_workers, False)[self.rank - 1]
+        start, self.plan = self.steps, own + list(runs)
+        self.batches.close()
+        self._next = None
+        self.steps, self.batches = data_stream(self.data, self.rank, self.n_workers, start,
+                                               self.plan)
+        if self.group is not None:
+            self.group.extend(self.plan[len(own):])
+
+    def release(self) -> None:
+        """The worker left the run: its data stream ends and its GPU memory goes back (the
+        process itself stays until the job ends, see gem_mpi.engine.roster)."""
+        self.close()
+        if self.on_gpu:
+            self.model.to("cpu")
+            self._grads = self._deltas = []
+            self._flat = self._grad = self.delta = None
+            self.torch.cuda.empty_cache()
+
 
 class TimeSplit:
     """Where a worker's time goes (the metrics file's /summary/worker_time): each
@@ -346,7 +386,7 @@ class TimeSplit:
         (--group-size) taken out of compute, the sleeps of the back-off out of waiting, the
         wall time since the first pull. With --worker-mode overlap the compute column is the
         wait for the compute thread and load_s and group_s, spent there, are 0 here."""
-        c = self.columns
+        c = dict(self.columns)  # a worker dealt more batches signs off again later
         c["load"], c["gpu"], c["backoff"], c["group"] = load_s, gpu_s, backoff_s, group_s
         c["compute"] -= load_s + group_s
         c["wait"] -= backoff_s
@@ -375,7 +415,25 @@ class _Worker:
     rule: WorkerRule
     poison_all: Callable[[tuple[np.ndarray, ...]], None] | None
     slow_factor: float
+    leaving: Callable[[], bool] = lambda: False  # SIGTERM reached this worker: leave the run
     split: TimeSplit = field(default_factory=TimeSplit)
+    left_at: int | None = None  # its updates when it left (all committed)
+    orders: int = 0  # the master's orders of more batches taken
+
+    def leave_now(self, seq: int) -> bool:
+        """Before step ``seq`` (updates 0..seq−1 committed): whether to leave the run now."""
+        if self.leaving():
+            self.left_at = seq
+            return True
+        return False
+
+    def time_split(self) -> np.ndarray:
+        """The columns of a DONE or LEFT message."""
+        overlapped = self.cfg.optim.worker_mode == OVERLAP  # load_s was the compute thread's
+        group = getattr(self.steps_fn, "group", None)
+        return self.split.final(0.0 if overlapped else self.steps_fn.load_s,
+                                self.steps_fn.gpu_s, self.ep.backoff_s,
+                                0.0 if overlapped or group is None else group.allreduce_s)
 
     def compute(self, seq: int) -> tuple[np.ndarray, float, float]:
         """Δθ and the loss of step ``seq`` at the θ in hand, and its compute seconds (times
@@ -462,6 +520,8 @@ def _wait_order(w: _Worker, start_seq: int, version: object) -> tuple[bool, obje
     application, pull. Returns (stopped by the master, the last version pulled)."""
     ep, split = w.ep, w.split
     for seq in range(start_seq, w.steps_fn.steps):
+        if w.leave_now(seq):
+            return False, version
         delta, loss, compute_s = w.compute(seq)
         parts = w.payload(delta, ep.theta)
         ep.commit(UPDATE, seq, version, loss, compute_s, parts)
@@ -482,6 +542,8 @@ def _pipelined_order(w: _Worker, start_seq: int, version: object) -> tuple[bool,
     ep, split = w.ep, w.split
     s_copy = np.empty_like(ep.theta) if w.rule.with_s else None
     for seq in range(start_seq, w.steps_fn.steps):
+        if w.leave_now(seq):  # its last update may be in flight: LEFT waits for its slot
+            return False, version
         delta, loss, compute_s = w.compute(seq)
         if not ep.wait_slot_free():
             return True, version
@@ -530,6 +592,8 @@ def _overlap_order(w: _Worker, start_seq: int, version: object) -> tuple[bool, o
                 split.charge("pull")
             for seq in range(start_seq, steps):
                 turn = (seq - start_seq) % 3
+                if w.leave_now(seq):  # step seq, computed or not, is abandoned
+                    return False, versions[turn]
                 done = running.result()
                 split.charge("compute")
                 if seq + 1 < steps:
@@ -555,34 +619,67 @@ def _overlap_order(w: _Worker, start_seq: int, version: object) -> tuple[bool, o
 ORDERS = {PIPELINED: _pipelined_order, OVERLAP: _overlap_order}
 
 
-def _finish(w: _Worker, stopped: bool, version: object, run_id: str) -> int:
-    """The DONE message with the time split (unless the master stopped the run), the
-    master's stop word, and a stopped GEM worker's momentum saved for the resume."""
-    ep = w.ep
-    if not stopped:
-        overlapped = w.cfg.optim.worker_mode == OVERLAP  # load_s was the compute thread's
-        group = getattr(w.steps_fn, "group", None)
-        times = w.split.final(0.0 if overlapped else w.steps_fn.load_s, w.steps_fn.gpu_s,
-                              ep.backoff_s, 0.0 if overlapped or group is None
-                              else group.allreduce_s)
-        ep.commit(DONE, w.steps_fn.steps, version, parts=(times,))
-    code = ep.wait_shutdown()
-    # only a stop by signal keeps m for a resume: a diverged run's m is no state to resume
-    # from, and it must not replace the m an earlier stop saved beside the last good checkpoint
+DEPARTED = -1  # run_worker's own code for a worker that left the run (never a stop word)
+
+
+def _sign_off_done(w: _Worker, version: object) -> tuple[int, list | None]:
+    """Its plan trained: DONE with the time split, then the master's word (code, None) or an
+    order of more batches (RUNNING, runs), or SIGTERM meanwhile (RUNNING, None)."""
+    w.ep.commit(DONE, w.steps_fn.steps, version, parts=(w.time_split(),))
+    code, runs = w.ep.wait_word_or_order(w.orders, w.leaving)
+    if runs is not None:
+        w.orders += 1
+    return code, runs
+
+
+def _save_momentum(w: _Worker, run_id: str) -> None:
+    """A GEM worker's m beside the checkpoints, for the resume that gives it back."""
     momentum, directory = w.rule.momentum, w.cfg.outputs.checkpoint_dir
-    if code == STOPPED and momentum is not None and directory:
+    if momentum is not None and directory:
         m, prev = momentum.arrays()
         checkpoint.save_worker_momentum(directory, w.rank, momentum.folded, m, prev, run_id)
-    ep.close()  # signs the roll: this worker's files are written
+
+
+def _leave(w: _Worker, version: object, run_id: str) -> int:
+    """SIGTERM: sign off with LEFT once its last update is applied (its m saved first, so a
+    kill right after loses nothing), tell its group, give back its device and loader
+    processes, and wait for the end of the run, which a process cannot leave before under
+    MPI (the windows are freed together). Returns DEPARTED, or the master's word if the run
+    ended before the worker could sign off."""
+    ep = w.ep
+    if not ep.wait_slot_free():  # the run ended meanwhile: it leaves as every worker does
+        return ep.stop_code()
+    _save_momentum(w, run_id)
+    ep.commit(LEFT, w.left_at, version, parts=(w.time_split(),))
+    group = getattr(w.steps_fn, "group", None)
+    if group is not None:
+        group.end(FINISHED)  # the members exit 0 now
+    if w.cfg.monitor.verbose:
+        print(f"gem_mpi: worker {w.rank}: left after {w.left_at} updates (SIGTERM); waiting "
+              "for the end of the run", file=sys.stderr, flush=True)
+    w.steps_fn.release()
+    ep.wait_slot_free()  # the master took LEFT (or ended the run)
+    ep.wait_shutdown(limit=0.5)
+    return DEPARTED
+
+
+def _finish(w: _Worker, code: int, run_id: str) -> int:
+    """The master's stop word heard: a stopped GEM worker's momentum saved for the resume."""
+    # only a stop by signal keeps m for a resume: a diverged run's m is no state to resume
+    # from, and it must not replace the m an earlier stop saved beside the last good checkpoint
+    if code == STOPPED:
+        _save_momentum(w, run_id)
+    w.ep.close()  # signs the roll: this worker's files are written
     return code
 
 
 def run_worker(cfg: Config, comm: MPI.Intracomm, shards_plan: Plan, problem: Problem,
                placement: Placement, start_seq: int = 0, run_id: str = "",
                comms: list[MPI.Intracomm] | None = None, plan: list | None = None,
-               group: Group | None = None) -> int:
+               group: Group | None = None, leaving: Callable[[], bool] = lambda: False) -> int:
     """Train until the data budget is used (or the master stops the run early); returns the
-    master's stop word (one of gem_mpi.protocol's stop words).
+    master's stop word (one of gem_mpi.protocol's stop words), FINISHED if it left the run
+    (``leaving()`` became true: SIGTERM reached it, gem_mpi.engine.roster).
 
     ``start_seq`` > 0 resumes from a checkpoint: the first ``start_seq`` updates of this
     worker were applied before it, so its data stream continues after them. ``comms``: each
@@ -594,11 +691,30 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, shards_plan: Plan, problem: Pro
     """
     w = _set_up(cfg, comm, shards_plan, problem, placement, start_seq, run_id, comms, plan,
                 group)
+    w.leaving = leaving
+    order = ORDERS.get(cfg.optim.worker_mode, _wait_order)
+    code = 0
     try:
-        version = w.ep.pull()
-        w.split.charge("pull")
-        order = ORDERS.get(cfg.optim.worker_mode, _wait_order)
-        stopped, version = order(w, start_seq, version)
+        start = start_seq
+        while not code:
+            version = w.ep.pull()
+            w.split.charge("pull")
+            stopped, version = order(w, start, version)
+            if stopped:
+                code = w.ep.stop_code()
+            elif w.left_at is None:  # its plan trained: done, or dealt more batches
+                code, runs = _sign_off_done(w, version)
+                if runs is not None:
+                    start = w.steps_fn.steps
+                    w.steps_fn.extend(runs)
+                    continue
+                if not code:  # SIGTERM while it waited: it leaves with its plan done
+                    w.left_at = w.steps_fn.steps
+            if w.left_at is not None:
+                code = _leave(w, version, run_id)
     finally:  # however the loop ended: no loader process outlives it
         w.steps_fn.close()
-    return _finish(w, stopped, version, run_id)
+    if code == DEPARTED:  # it left the live run: exit 0 whatever the others do
+        w.ep.close()
+        return FINISHED
+    return _finish(w, code, run_id)

@@ -63,6 +63,10 @@ SYNC_COLUMNS = [
 ]
 EVAL_COLUMNS = [("time", "f8"), ("clock", "f8"), ("test_loss", "f8"), ("test_accuracy", "f8")]
 REJECTED_COLUMNS = [("time", "f8"), ("worker", "i4"), ("seq", "i8"), ("ticket", "i8")]
+# a worker that left the live run (SIGTERM): after how many of its updates, at which clock,
+# its batches not done then (dealt to the others), and how many workers train on
+DEPARTURE_COLUMNS = [("time", "f8"), ("worker", "i4"), ("updates", "i8"), ("clock", "i8"),
+                     ("not_done", "i8"), ("workers_left", "i4")]
 SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished", "rejected",
                   "diverged",
                   "master_wait_s", "master_apply_s", "master_metrics_s", "master_mpi_s",
@@ -216,6 +220,8 @@ class MetricsWriter:
         self.evals = _Table(f.create_group("eval"), [(n, d, ()) for n, d in EVAL_COLUMNS])
         self.rejected = None if sync else _Table(f.create_group("rejected"),
                                                  [(n, d, ()) for n, d in REJECTED_COLUMNS])
+        self.departures = None if sync else _Table(f.create_group("departures"),
+                                                   [(n, d, ()) for n, d in DEPARTURE_COLUMNS])
         summary = f.create_group("summary")
         for name in self.summary_fields:
             summary.create_dataset(name, shape=(), dtype="f8", data=np.nan)
@@ -272,6 +278,8 @@ class MetricsWriter:
             tables.append(table)
         self.updates, self.evals, self.rejected = tables[:3]
         self.shard_tables = tables[3:]
+        self.departures = None if self.rejected is None else self._reopen_departures(
+            int(log["clock"]) if log is not None else None)
         for name in self.summary_fields:
             f["summary"][name][()] = np.nan
         if "worker_time" in f["summary"]:
@@ -292,6 +300,29 @@ class MetricsWriter:
             _log_resume(f, log)
         f.swmr_mode = True
         self._last_flush = time.monotonic()
+
+    def _reopen_departures(self, clock: int | None) -> _Table:
+        """The departures up to the resume's clock (the checkpoint a departure writes is at
+        its clock or later); a file from before the table gets it now."""
+        f = self._f
+        if "departures" not in f:
+            return _Table(f.create_group("departures"),
+                          [(n, d, ()) for n, d in DEPARTURE_COLUMNS])
+        group = f["departures"]
+        count = group["clock"].shape[0] if clock is None else int(
+            np.count_nonzero(group["clock"][()] <= clock))
+        table = _Table.__new__(_Table)
+        table.group, table.written, table.rows = group, count, {}
+        table.columns = [(n, np.dtype(d), ()) for n, d in DEPARTURE_COLUMNS]
+        for name, _, _ in table.columns:
+            group[name].resize(count, axis=0)
+            table.rows[name] = []
+        return table
+
+    def departed(self, row: dict, workers_left: int) -> None:
+        """A worker left the live run (``row``: DEPARTURE_COLUMNS but the last)."""
+        self.departures.append({**row, "workers_left": workers_left})
+        self.flush()
 
     def shard_rows(self) -> list[int]:
         """Rows on disk of each shard's table (call after flush)."""
@@ -331,6 +362,8 @@ class MetricsWriter:
                     self.rejected.write()
                 for table in self.shard_tables:
                     table.write()
+                if self.departures is not None:
+                    self.departures.write()
                 self._f.flush()
         except (OSError, RuntimeError) as exc:
             self._fail(exc, good)

@@ -134,3 +134,25 @@ def batch_of(plan: Plan, seq: int) -> tuple[int, int, int, int]:
             return s, n, e, lo + seq - pos
         pos += hi - lo
     raise IndexError(f"batch {seq} of a plan of {pos}")
+
+
+def take(rests: dict[int, Plan], count: int, max_runs: int) -> tuple[Plan, dict[int, Plan]]:
+    """Up to ``count`` batches of the departed workers' batches not yet done nor dealt
+    (``rests``: worker -> those batches, in its plan's order), the earliest epoch first, in
+    at most ``max_runs`` runs; returns them and what is left of ``rests``. A live run's
+    departure deals them to the workers that finished their own (issue 39, item 2)."""
+    left = {w: list(plan) for w, plan in rests.items() if plan}
+    out: Plan = []
+    while count > 0 and left and len(out) < max_runs:
+        w = min(left, key=lambda k: (left[k][0][2], k))  # the earliest epoch, then worker
+        s, n, e, lo, hi = left[w][0]
+        k = min(count, hi - lo)
+        out.append((s, n, e, lo, lo + k))
+        count -= k
+        if k == hi - lo:
+            left[w].pop(0)
+            if not left[w]:
+                del left[w]
+        else:
+            left[w][0] = (s, n, e, lo + k, hi)
+    return out, {w: left.get(w, []) for w in rests}

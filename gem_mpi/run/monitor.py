@@ -239,6 +239,11 @@ class Watchdog:
         self.last[worker - 1] = self.clock()
         self.finished[worker - 1] |= finished
 
+    def expect(self, worker: int) -> None:
+        """Worker ``worker`` is at work again (dealt more batches after its last message)."""
+        self.finished[worker - 1] = False
+        self.last[worker - 1] = self.clock()
+
     def stuck(self) -> tuple[int, float] | None:
         """(worker, seconds silent) of the longest-silent unfinished worker past the timeout;
         looked at once a second."""

@@ -4,11 +4,12 @@ and the randomness and slowness it is given (dropout seed, --straggler)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
 
-from gem_mpi.config import Config, DataConfig, straggler
+from gem_mpi.config import Config, DataConfig, straggler, synchronous
 from gem_mpi.transport import MPI
 
 
@@ -169,6 +170,15 @@ def data_stream(data: DataConfig, worker: int, n_workers: int, start_seq: int = 
               "mpirun --bind-to none, or --map-by slot:PE=N; srun --cpus-per-task=N)",
               file=sys.stderr, flush=True)
     return steps, batches
+
+
+def worker_data(cfg: Config) -> DataConfig:
+    """The data a worker of the engine reads: with --group-size G its group's, G ×
+    --batch-size a step (each rank of the group takes a part)."""
+    size = cfg.runtime.group_size
+    if size <= 1 or synchronous(cfg.method):
+        return cfg.data
+    return dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * size)
 
 
 def first_plans(data: DataConfig, sources: int, quadratic: bool) -> list:

@@ -69,12 +69,14 @@ class StopFlag:
     mpirun and srun forward SIGUSR1 unchanged to every rank and keep the job alive; SIGTERM
     sent to mpirun kills the ranks within about a second, and sent to srun it kills the
     step at once, so forward SIGUSR1 to the launcher (Slurm: ``--signal=B:USR1@300``, as
-    jobs/ does); SIGTERM helps only where it reaches the ranks directly. Workers only note
-    the signal: rank 0 decides and tells them.
+    jobs/ does); SIGTERM helps only where it reaches the ranks directly. A worker of an
+    asynchronous method that gets SIGTERM leaves the run alone (gem_mpi.engine.roster);
+    otherwise workers only note the signal: rank 0 decides and tells them.
     """
 
     def __init__(self) -> None:
         self.signum = 0
+        self.signals: set[int] = set()  # every signal received
 
     def install(self) -> StopFlag:
         import signal
@@ -85,6 +87,13 @@ class StopFlag:
 
     def __call__(self, signum: int, frame: object) -> None:
         self.signum = signum
+        self.signals.add(signum)
+
+    def terminated(self) -> bool:
+        """SIGTERM reached this process: an asynchronous worker leaves the run (issue 39)."""
+        import signal
+
+        return signal.SIGTERM in self.signals
 
     def __bool__(self) -> bool:
         return self.signum != 0
@@ -155,8 +164,23 @@ class Supervisor(Protocol):
     recording: bool  # whether rows are wanted now
     recent_loss: float
     summary: dict
+    data_plan: np.ndarray | None  # the workers' plans, once they changed (a checkpoint's)
 
     def heard(self, worker: int, finished: bool = False) -> None: ...
+
+    def expect(self, worker: int) -> None:
+        """Worker ``worker`` was dealt more batches: it is not finished after all."""
+        ...
+
+    def departed(self, worker: int, seq: int, clock: int, rest: int,
+                 data_plan: np.ndarray) -> None:
+        """Worker ``worker`` left after ``seq`` updates, at θ's version ``clock``, with
+        ``rest`` batches of its plan not done; the plans are ``data_plan`` now."""
+        ...
+
+    def replan(self, data_plan: np.ndarray, given: list[tuple[int, int]]) -> None:
+        """Batches were dealt ((worker, batches) each); the plans are ``data_plan`` now."""
+        ...
 
     def record_update(self, row: dict) -> None: ...
 
@@ -277,6 +301,8 @@ class RunSupervisor:
             engine.load_state(resumed)
         # the workers' dealt batches once the worker count changed: every checkpoint on
         self.data_plan = resumed.data_plan if resumed else None
+        self.departures = 0  # workers that left this run
+        self._save_due = False  # a checkpoint at the next check (a worker left)
         self.elapsed0 = resumed.elapsed_s if resumed else 0.0
         self.t0 = time.perf_counter() - self.elapsed0  # a resumed run's times continue
         self._first = engine.position
@@ -333,6 +359,33 @@ class RunSupervisor:
         """Worker ``worker`` (1..n) sent a message; ``finished``: its last one."""
         self.watchdog.heard(worker, finished)
 
+    def expect(self, worker: int) -> None:
+        self.watchdog.expect(worker)
+
+    def departed(self, worker: int, seq: int, clock: int, rest: int,
+                 data_plan: np.ndarray) -> None:
+        """One line, a row of the metrics file's ``departures`` and a new segment, and a
+        checkpoint at the next check: the job may be killed soon after (preemption)."""
+        self.data_plan = data_plan
+        self.departures += 1
+        left = self.n_workers - self.departures
+        if self.metrics is not None and self.recording:
+            try:
+                self.metrics.departed({"worker": worker, "updates": seq, "clock": clock,
+                                       "not_done": rest, "time": self.elapsed()}, left)
+            except OutputError as exc:
+                self._failure = str(exc)
+        self._save_due = True
+        where = (f"{rest} of its batches go to the workers that finish theirs"
+                 if rest else "its batches were all done")
+        say(f"worker {worker} ({worker_ranks(self.cfg, worker)}) left at update {clock} "
+            f"after {seq} of its own: {where}; {left} of {self.n_workers} workers train on")
+
+    def replan(self, data_plan: np.ndarray, given: list[tuple[int, int]]) -> None:
+        self.data_plan = data_plan
+        if self.monitor.verbose:
+            say("dealt " + ", ".join(f"{b} batches to worker {w}" for w, b in given))
+
     @property
     def diverged(self) -> str | None:
         return self.losses.diverged
@@ -366,7 +419,11 @@ class RunSupervisor:
         if verdict is not None:
             return verdict
         try:
-            self.checkpointer.maybe_save()
+            if self._save_due:
+                self._save_due = False
+                self.checkpointer.save()
+            else:
+                self.checkpointer.maybe_save()
             self.evaluator.drain()
         except OutputError as exc:
             self._failure = str(exc)

@@ -14,6 +14,7 @@ side sees a window, a cell or a displacement. The message kinds, the stop words 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -22,8 +23,10 @@ from gem_mpi.protocol import (  # the message format; re-exported for the endpoi
     DIVERGED,
     DONE,
     FINISHED,
+    LEFT,
     OUTPUT_FAILED,
     RUNNING,
+    SIGN_OFFS,
     STOPPED,
     UPDATE,
     Layout,
@@ -31,6 +34,7 @@ from gem_mpi.protocol import (  # the message format; re-exported for the endpoi
 from gem_mpi.transport.idioms import (
     Mailbox,
     Message,
+    Orders,
     Roll,
     StopWord,
     TicketCounter,
@@ -72,15 +76,17 @@ class _Endpoint:
         self.theta_window = VersionedArray(comm, layout.n_params, zero=zero,
                                            into=theta_into)
         self.roll = Roll(comm, layout.n_workers)
+        self.orders = Orders(comm, layout.n_workers)
 
     def _open(self, comm: MPI.Intracomm) -> None:
-        for idiom in (self.tickets, self.stop, self.mailbox, self.theta_window, self.roll):
+        for idiom in (self.tickets, self.stop, self.mailbox, self.theta_window, self.roll,
+                      self.orders):
             idiom.open()
         comm.Barrier()  # rank 0's initial values are in place before any worker looks
 
     def _free(self) -> None:
-        for idiom in (self.roll, self.theta_window, self.mailbox, self.stop, self.tickets,
-                      self.progress):
+        for idiom in (self.orders, self.roll, self.theta_window, self.mailbox, self.stop,
+                      self.tickets, self.progress):
             idiom.free()
 
 
@@ -126,7 +132,8 @@ class MasterEndpoint(_Endpoint):
     def take(self, slot: int) -> Message:
         return self.mailbox.take(slot, {UPDATE: self.layout.update_lengths
                                         or (self.layout.payload_floats,),
-                                        DONE: (self.layout.done_floats,)})
+                                        DONE: (self.layout.done_floats,),
+                                        LEFT: (self.layout.done_floats,)})
 
     def release(self, slots: np.ndarray | list[int]) -> None:
         self.mailbox.release(slots)
@@ -136,6 +143,10 @@ class MasterEndpoint(_Endpoint):
 
     def end_write(self, version: int) -> None:
         self.theta_window.end_write(version)
+
+    def give(self, worker: int, runs: list[tuple[int, ...]]) -> None:
+        """Order worker ``worker``, waiting after its DONE, to train ``runs`` next."""
+        self.orders.give(worker, runs)
 
     def tickets_drawn(self) -> int:
         return self.tickets.drawn()
@@ -206,13 +217,30 @@ class WorkerEndpoint(_Endpoint):
         self._pending = True
         return ticket
 
-    def wait_shutdown(self) -> int:
-        """After our last message: wait, without spinning, for the master's word to leave."""
-        backoff = Backoff(limit=max(self._backoff.limit, 50e-3))  # latency matters little here
+    def wait_shutdown(self, limit: float = 50e-3) -> int:
+        """After our last message: wait, without spinning, for the master's word to leave
+        (``limit``: the longest sleep between two looks)."""
+        backoff = Backoff(limit=max(self._backoff.limit, limit))  # latency matters little
         while True:
             code = self.stop_code()
             if code:
                 return code
+            backoff.wait()
+
+    def wait_word_or_order(self, seen: int, leaving: Callable[[], bool]
+                           ) -> tuple[int, list[tuple[int, ...]] | None]:
+        """After a DONE: wait for the master's word (code, None) or, once the order serial
+        passes ``seen``, for its order (RUNNING, runs); (RUNNING, None) as soon as
+        ``leaving()`` (the worker got SIGTERM)."""
+        backoff = Backoff(limit=max(self._backoff.limit, 50e-3))
+        while True:
+            code = self.stop_code()
+            if code:
+                return code, None
+            if self.orders.serial(self.rank) > seen:
+                return RUNNING, self.orders.runs(self.rank)
+            if leaving():
+                return RUNNING, None
             backoff.wait()
 
     @property
@@ -291,11 +319,16 @@ class WorkerShards:
         if len(self.eps) > 1 and not self.wait_slot_free():
             raise RuntimeError("commit after the master stopped the run")
         for ep, (lo, hi), version in zip(self.eps, self.bounds, versions):
-            mine = parts if kind == DONE else tuple(p[lo:hi] for p in parts)
+            mine = parts if kind in SIGN_OFFS else tuple(p[lo:hi] for p in parts)
             ep.commit(kind, seq, version, loss, compute_s, mine)
 
-    def wait_shutdown(self) -> int:
-        return self.lead.wait_shutdown()
+    def wait_shutdown(self, limit: float = 50e-3) -> int:
+        return self.lead.wait_shutdown(limit)
+
+    def wait_word_or_order(self, seen: int, leaving: Callable[[], bool]
+                           ) -> tuple[int, list[tuple[int, ...]] | None]:
+        """Shard 0's master (rank 0) gives the orders, for every shard."""
+        return self.lead.wait_word_or_order(seen, leaving)
 
     @property
     def backoff_s(self) -> float:
@@ -310,6 +343,6 @@ class WorkerShards:
             ep.free()
 
 
-__all__ = ["ABORTED", "DIVERGED", "DONE", "FINISHED", "MASTER", "OUTPUT_FAILED", "RUNNING",
+__all__ = ["ABORTED", "DIVERGED", "DONE", "FINISHED", "LEFT", "MASTER", "OUTPUT_FAILED", "RUNNING",
            "STOPPED", "UPDATE", "Layout",
            "MasterEndpoint", "Message", "WorkerEndpoint", "WorkerShards", "shard_comm"]

@@ -289,6 +289,52 @@ class Roll(_Window):
         return [int(w) + 1 for w in np.flatnonzero(self.words == 0)]
 
 
+class Orders(_Window):
+    """Rank 0's orders to workers that have done their batches: more batches to train (a
+    departed worker's, issue 39). One record a worker: a serial number, a count, then up to
+    ``RUNS`` runs of ``RUN_WORDS`` int64 (:mod:`gem_mpi.problem.elastic`'s runs). Rank 0
+    writes a worker's record only while that worker waits for it (after its DONE, before it
+    trains again), the runs first and the serial last; the worker reads the serial with an
+    atomic and the runs once the serial moved, so it never reads a record being written."""
+
+    RUNS, RUN_WORDS = 64, 5
+    WORDS = 2 + RUNS * RUN_WORDS
+
+    def __init__(self, comm: MPI.Intracomm, n_workers: int) -> None:
+        super().__init__(comm, 8 * self.WORDS * n_workers, 8)
+        self.words = self.memory.view(np.int64)
+        self._operand = np.zeros(1, np.int64)
+        self._result = np.zeros(1, np.int64)
+        self._record = np.zeros(self.WORDS, np.int64)
+        self._wait = rma_backoff()
+
+    def give(self, worker: int, runs: list[tuple[int, ...]]) -> None:
+        """Rank 0: order worker ``worker`` (1..n) to train ``runs`` (at most RUNS) next."""
+        if not 0 < len(runs) <= self.RUNS:
+            raise ValueError(f"an order holds 1..{self.RUNS} runs, not {len(runs)}")
+        record = self.words[(worker - 1) * self.WORDS:worker * self.WORDS]
+        record[2:2 + self.RUN_WORDS * len(runs)] = np.asarray(runs, np.int64).reshape(-1)
+        record[1] = len(runs)
+        self.win.Sync()  # the runs are in place before the serial says so
+        record[0] += 1
+        self.win.Sync()
+
+    def serial(self, worker: int) -> int:
+        """Worker ``worker``'s orders so far (an atomic read of its record's first word)."""
+        complete(self.win.Rget_accumulate(self._operand, self._result, MASTER,
+                                          (worker - 1) * self.WORDS, MPI.NO_OP), self._wait)
+        return int(self._result[0])
+
+    def runs(self, worker: int) -> list[tuple[int, ...]]:
+        """Worker ``worker``'s newest order (read once :meth:`serial` moved)."""
+        complete(self.win.Rget(_bytes(self._record), MASTER,
+                               ((worker - 1) * self.WORDS, self.WORDS * 8, MPI.BYTE)),  # disp: words
+                 self._wait)
+        count = int(self._record[1])
+        body = self._record[2:2 + self.RUN_WORDS * count].reshape(count, self.RUN_WORDS)
+        return [tuple(int(v) for v in row) for row in body]
+
+
 class Message:
     """A message rank 0 took out of a mailbox slot: its header and its payload (a view into
     the slot, valid until the slot is released)."""

@@ -10,6 +10,7 @@ from gem_mpi.config import ADAPTIVE, ASYNC_METHODS, DOWNPOUR, GEM, GEM_SHIFTS, O
 from gem_mpi.protocol import (
     DONE,
     KINDS,
+    LEFT,
     RUNNING,
     STOP_WORDS,
     UPDATE,
@@ -63,7 +64,7 @@ def test_the_parts_are_views_of_the_slot_in_order():
 
 
 def test_kinds_and_stop_words_are_distinct():
-    assert len(KINDS) == 2 and UPDATE in KINDS and DONE in KINDS and 0 not in KINDS
+    assert len(KINDS) == 3 and {UPDATE, DONE, LEFT} == set(KINDS) and 0 not in KINDS
     assert len(set(STOP_WORDS.values())) == len(STOP_WORDS)
     assert RUNNING == 0  # a worker reads any other word as "the run has ended"
     assert len(set(WORKER_TIME_COLUMNS)) == len(WORKER_TIME_COLUMNS)

@@ -1,0 +1,194 @@
+"""A worker leaves a live run (issue 39, item 2), under real mpirun: SIGTERM to one worker
+rank. It signs off once its last update is applied, exits 0 when the run ends, and the run
+finishes on the others with its budget whole: the departed worker's batches not done are
+dealt to the workers as they finish theirs. On the quadratic the run is replayed bit for
+bit from its log; on a dataset whose loss names its batch (tests/user_code/elastic_probe.py)
+every sample of every epoch is seen once. Every worker leaving ends the run with a
+checkpoint that a resume finishes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from helpers import REPO, quadratic_args, rank_pids, train_background
+
+from gem_mpi.algorithm.reference import replay
+from gem_mpi.outputs import checkpoint
+from gem_mpi.outputs.analysis import load_run
+from gem_mpi.problem import elastic
+from gem_mpi.problem.quadratic import Quadratic
+
+pytestmark = pytest.mark.mpi
+
+USER_CODE = REPO / "tests" / "user_code"
+DIM, STEPS, LR, PI_MAX = 2000, 6000, 0.05, 50.0
+
+
+def _started(tmp: Path) -> bool:
+    path = checkpoint.latest(str(tmp))
+    return path is not None and checkpoint.load(path).clock > 0
+
+
+def _terminate(proc, ranks: list[int], ready, timeout: float = 300) -> str:
+    """SIGTERM to each of ``ranks`` once ``ready()``; the job's stderr once it ended."""
+    deadline = time.monotonic() + 90
+    while not ready():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.05)
+    pids = rank_pids(proc)
+    for r in ranks:
+        os.kill(pids[r], signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except Exception:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
+def _check_once(u: dict, plans: list[elastic.Plan], first: list[elastic.Plan]) -> None:
+    """Each worker's updates 0..k−1 once, k its plan's length; every batch of the run in
+    one plan."""
+    pairs = Counter(zip(u["worker"].tolist(), u["seq"].tolist()))
+    expected = {(w + 1, s) for w, p in enumerate(plans) for s in range(elastic.length(p))}
+    assert set(pairs) == expected and max(pairs.values()) == 1
+
+    def batches(ps: list[elastic.Plan]) -> list[tuple[int, int, int]]:
+        return sorted((s, e, j) for p in ps for s, _, e, lo, hi in p for j in range(lo, hi))
+
+    assert batches(plans) == batches(first)
+
+
+@pytest.mark.parametrize("method, shift, mode", [
+    ("gem", "others", "wait"), ("gem", "paper", "pipelined"), ("gem", "others", "overlap"),
+    ("downpour", "others", "pipelined"), ("adaptive", "others", "wait"),
+    ("gap-aware", "others", "wait")])
+def test_a_worker_sent_sigterm_leaves_and_the_run_finishes_on_three(tmp_path, method, shift,
+                                                                    mode):
+    args = quadratic_args(method=method, dim=DIM, steps=STEPS, lr=LR,
+                          metrics=tmp_path / "run.h5", save=tmp_path / "theta.npy",
+                          checkpoint_dir=tmp_path, checkpoint_every=0.3, eval_every=0,
+                          worker_mode=mode)
+    if method == "gem":
+        args += ["--pi-max", str(PI_MAX), "--gem-shift", shift]
+    proc = train_background(5, *args)
+    err = _terminate(proc, [2], lambda: _started(tmp_path))
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "worker 2 (rank 2) left at update" in err, err
+    run = load_run(tmp_path / "run.h5")
+    u, gone = run.updates, run.other["departures"]
+    assert run.summary["finished"] == 1.0
+    assert u["clock"].tolist() == list(range(4 * STEPS))  # the budget, whole
+    assert gone["worker"].tolist() == [2] and gone["workers_left"].tolist() == [3]
+    left_after = int(gone["updates"][0])
+    assert 0 < left_after < STEPS and int(gone["not_done"][0]) == STEPS - left_after
+    assert int(np.count_nonzero(u["worker"] == 2)) == left_after
+    final = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    plans = elastic.from_array(final.data_plan, 4)
+    assert elastic.length(plans[1]) == left_after
+    _check_once(u, plans, [elastic.source_plan(s, 4, STEPS, 1) for s in range(1, 5)])
+    ref = replay(u, Quadratic(DIM, 0), method, LR, momentum=0.9, pi_max=PI_MAX, shift=shift)
+    assert np.array_equal(np.load(tmp_path / "theta.npy"), ref.theta)
+
+
+def test_sharded_masters_deal_a_departed_workers_batches(tmp_path):
+    """--masters 2: the followers learn each deal from the lead; every shard applies the
+    whole budget."""
+    args = quadratic_args(method="gem", dim=DIM, steps=STEPS, lr=LR,
+                          metrics=tmp_path / "run.h5", checkpoint_dir=tmp_path,
+                          checkpoint_every=0.3, eval_every=0, masters=2)
+    proc = train_background(6, *args)
+    err = _terminate(proc, [3], lambda: _started(tmp_path))  # worker 2 is rank 3
+    assert proc.returncode == 0, err
+    run = load_run(tmp_path / "run.h5")
+    assert run.updates["clock"].tolist() == list(range(4 * STEPS))
+    with h5py.File(tmp_path / "run.h5") as f:
+        assert f["summary/shard_clock"][()].tolist() == [4 * STEPS] * 2
+
+
+def test_every_worker_leaving_ends_the_run_with_a_checkpoint_that_resumes(tmp_path):
+    args = quadratic_args(method="gem", dim=DIM, steps=STEPS, lr=LR,
+                          metrics=tmp_path / "run.h5", checkpoint_dir=tmp_path,
+                          checkpoint_every=0.3, eval_every=0)
+    proc = train_background(3, *args)
+    err = _terminate(proc, [1, 2], lambda: _started(tmp_path))
+    assert proc.returncode == 3, err  # the workers exit 0, rank 0 with the stop's code
+    lines = [ln for ln in err.splitlines() if "stopped by the departure of every worker" in ln]
+    assert len(lines) == 1 and "--resume" in lines[0], err
+    stop = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    assert 0 < stop.clock < 2 * STEPS
+    proc = train_background(3, *args, "--resume", "auto")
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 0, err
+    run = load_run(tmp_path / "run.h5")
+    u = run.updates
+    assert u["clock"].tolist() == list(range(2 * STEPS))
+    assert run.other["departures"]["worker"].tolist() == [1, 2]  # or 2, 1: both noted
+    # the resume gives each worker back its rest: every update once over both segments
+    assert Counter(zip(u["worker"].tolist(), u["seq"].tolist())).most_common(1)[0][1] == 1
+
+
+BATCH, EPOCHS, SAMPLES = 4, 3, 4003
+
+
+@pytest.mark.parametrize("method", ["gem", "gap-aware"])
+def test_no_sample_of_an_epoch_is_lost_or_seen_twice_when_a_worker_leaves(tmp_path, method):
+    from gem_mpi.problem.data import epoch_indices
+
+    args = ["--model", "elastic_probe:linear", "--dataset", "elastic_probe:indexed",
+            "--loss", "elastic_probe:index_sum", "--method", method, "--shard",
+            "--batch-size", str(BATCH), "--epochs", str(EPOCHS), "--no-stop-on-divergence",
+            "--metrics", str(tmp_path / "run.h5"), "--checkpoint-dir", str(tmp_path),
+            "--checkpoint-every", "0.3", "--eval-every", "0"]
+    env = {"PYTHONPATH": f"{USER_CODE}{os.pathsep}{REPO}"}
+    proc = train_background(5, *args, env=env)
+    err = _terminate(proc, [3], lambda: _started(tmp_path))
+    assert proc.returncode == 0, err
+    final = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    plans = elastic.from_array(final.data_plan, 4)
+    seed = final.config["seed"] * 100_003
+    per_epoch = [len(range(s, SAMPLES, 4)) // BATCH for s in range(4)]
+    first = [elastic.source_plan(s + 1, 4, per_epoch[s], EPOCHS) for s in range(4)]
+    u = load_run(tmp_path / "run.h5").updates
+    _check_once(u, plans, first)
+    orders: dict[tuple[int, int], np.ndarray] = {}
+    seen: dict[int, Counter] = {e: Counter() for e in range(EPOCHS)}
+    for w, seq, loss in zip(u["worker"].tolist(), u["seq"].tolist(), u["loss"].tolist()):
+        s, n, e, j = elastic.batch_of(plans[w - 1], seq)
+        if (s, e) not in orders:
+            orders[s, e] = epoch_indices(SAMPLES, e, seed + s, (s - 1, n)).numpy()
+        batch = orders[s, e][j * BATCH:(j + 1) * BATCH]
+        assert loss == float(batch.sum()), (w, seq)  # it computed that batch
+        seen[e].update(batch.tolist())
+    for e in range(EPOCHS):
+        whole = Counter(int(i) for s in range(1, 5)
+                        for i in orders[s, e][:per_epoch[s - 1] * BATCH])
+        assert seen[e] == whole, e
+
+
+def test_a_group_whose_leader_leaves_goes_with_it_and_the_other_takes_its_batches(tmp_path):
+    """--group-size 2: the leader's SIGTERM takes its group out (its member exits 0 at
+    once); the other group's member reads its part of every batch dealt to its leader."""
+    args = ["--model", "elastic_probe:linear", "--dataset", "elastic_probe:indexed",
+            "--loss", "elastic_probe:index_sum", "--method", "gem", "--group-size", "2",
+            "--batch-size", str(BATCH), "--epochs", "2", "--no-stop-on-divergence",
+            "--metrics", str(tmp_path / "run.h5"), "--checkpoint-dir", str(tmp_path),
+            "--checkpoint-every", "0.3", "--eval-every", "0"]
+    env = {"PYTHONPATH": f"{USER_CODE}{os.pathsep}{REPO}"}
+    proc = train_background(5, *args, env=env)
+    err = _terminate(proc, [3], lambda: _started(tmp_path))  # group 2's leader
+    assert proc.returncode == 0, err
+    assert "worker 2 (ranks 3-4, leader 3) left at update" in err, err
+    final = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    plans = elastic.from_array(final.data_plan, 2)
+    steps = SAMPLES // (2 * BATCH)  # a group's batch is 2 × 4, each group the whole set
+    u = load_run(tmp_path / "run.h5").updates
+    _check_once(u, plans, [elastic.source_plan(s, 2, steps, 2) for s in (1, 2)])
+    assert elastic.length(plans[0]) > 2 * steps  # group 1 trained some of group 2's
