@@ -11,6 +11,7 @@ with its log), and checks the job's final state and exit code, its log, and the 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import shutil
@@ -322,6 +323,51 @@ def test_a_killed_rank_ends_the_job_and_resume_auto_finishes(slurm, tmp_path, ra
     u = run.updates
     assert_exactly_once(u["worker"], u["seq"], (1, 2), steps)
     assert run.summary["finished"] == 1.0
+
+
+def test_elastic_job_resumes_on_the_nodes_of_its_next_run(slurm, tmp_path):
+    """jobs/submit_elastic.sh 1-2 on partition "two": the first run gets both nodes (4 tasks:
+    1 master + 3 workers); gemnode2 is drained and the time limit's warning sent, so the
+    requeued run (its node range given back) gets one node (2 tasks) and resumes the
+    checkpoint on 1 worker, the batches not done dealt to it: the budget of the first start
+    whole, in one log. A bad range is one line, exit 2."""
+    tcp = {"OMPI_MCA_osc": "pt2pt", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp",
+           "OMPI_MCA_btl_tcp_if_include": "lo"}
+    steps = 8000
+    env = job_env(tmp_path, GEM_TRAIN_ARGS=f"{QUAD} --max-steps {steps}", **tcp)
+    res = subprocess.run([str(JOBS / "submit_elastic.sh"), "1-2", "--parsable",
+                          "--partition=two", "--ntasks-per-node=2"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.strip().split(";")[0]
+    metrics = tmp_path / "runs" / f"gem_elastic_{job}.h5"
+    log_path = tmp_path / f"gem_elastic_{job}.out"
+    try:
+        deadline = time.monotonic() + 90
+        while _rows(metrics) == 0 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        [rec] = records(job)
+        assert rec["NodeList"] == "gemnode[1-2]", logs(tmp_path)
+        subprocess.run(["scontrol", "update", "NodeName=gemnode2", "State=DRAIN",
+                        "Reason=gem_mpi test"], timeout=60, check=True)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job], timeout=60, check=True)
+        [rec] = wait(job, 180, tmp_path)
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=gemnode2", "State=RESUME"],
+                       timeout=60, check=False)
+    log = log_path.read_text()
+    ended_ok(rec, log)
+    assert rec["Restarts"] == "1" and rec["NodeList"] == "gemnode1"
+    assert "4 ranks (1 master + 3 workers)" in log and "2 ranks (1 master + 1 workers)" in log
+    assert "workers 3 -> 1" in log
+    run = load_run(metrics)
+    assert np.array_equal(run.updates["clock"], np.arange(3 * steps))  # nothing lost, no more
+    assert [s["workers"] for s in json.loads(run.attrs["segments"])] == [3, 1]
+    assert run.summary["finished"] == 1.0
+    assert "requeued on any 1-2 nodes of 2 tasks each" in log
+    bad = subprocess.run([str(JOBS / "submit_elastic.sh"), "3-2"], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
 
 
 def test_a_job_across_two_nodes_gets_the_cross_node_transport(slurm, tmp_path):

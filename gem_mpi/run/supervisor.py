@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import os
+import signal
 import sys
 import time
 import uuid
@@ -79,8 +80,6 @@ class StopFlag:
         self.signals: set[int] = set()  # every signal received
 
     def install(self) -> StopFlag:
-        import signal
-
         for sig in (signal.SIGUSR1, signal.SIGTERM):
             signal.signal(sig, self)
         return self
@@ -91,8 +90,6 @@ class StopFlag:
 
     def terminated(self) -> bool:
         """SIGTERM reached this process: an asynchronous worker leaves the run (issue 39)."""
-        import signal
-
         return signal.SIGTERM in self.signals
 
     def __bool__(self) -> bool:

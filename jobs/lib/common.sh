@@ -327,6 +327,31 @@ PY
   fi
 }
 
+# An elastic job (GEM_NODES=MIN-MAX, jobs/gem_elastic.sbatch): Slurm keeps a requeued job's
+# task count, which would hold it to this run's nodes. So it is requeued held, given back its
+# node range and the fewest tasks (MIN x --ntasks-per-node), and released: its next run gets
+# the nodes free then, and resumes on that many workers. Exits with code $1.
+_gem_requeue_elastic() { # code resubmit
+  local per="${SLURM_NTASKS_PER_NODE:-1}" min="${GEM_NODES%%-*}" _
+  trap '' TERM # the requeue signals this script, which has the job to release first
+  if ! scontrol requeuehold "$SLURM_JOB_ID"; then
+    gem_log "scontrol requeuehold failed (was the job submitted with --no-requeue?); $2; exit $1"
+    exit "$1"
+  fi
+  for _ in $(seq 60); do
+    if scontrol update JobId="$SLURM_JOB_ID" NumNodes="$GEM_NODES" NumTasks="$((min * per))" \
+      2>/dev/null && scontrol release "$SLURM_JOB_ID"; then
+      gem_log "requeued on any $GEM_NODES nodes of $per tasks each"
+      exit "$1"
+    fi
+    sleep 0.5
+  done
+  gem_log "could not give job $SLURM_JOB_ID back its node range $GEM_NODES; it is held:" \
+    "scontrol update JobId=$SLURM_JOB_ID NumNodes=$GEM_NODES NumTasks=$((min * per));" \
+    "scontrol release $SLURM_JOB_ID"
+  exit "$1"
+}
+
 # After a stop at the time limit: requeue this job (it resumes from the checkpoint) unless
 # GEM_MAX_RESTARTS is reached; then exit 3.
 _gem_requeue_or_stop() { # stem
@@ -355,6 +380,7 @@ _gem_requeue_or_stop() { # stem
   fi
   gem_log "requeueing job $SLURM_JOB_ID (restart $((restarts + 1)) of at most $max): the" \
     "next run resumes from the newest checkpoint in $1.ckpt"
+  [[ -z ${GEM_NODES:-} ]] || _gem_requeue_elastic "$code" "$resubmit"
   if ! scontrol requeue "$SLURM_JOB_ID"; then
     gem_log "scontrol requeue failed (was the job submitted with --no-requeue?); $resubmit;" \
       "exit $code"
