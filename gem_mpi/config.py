@@ -50,6 +50,8 @@ PROXY_LOCAL, PROXY_GLOBAL = "local", "global"
 GEM_PROXIES = (PROXY_LOCAL, PROXY_GLOBAL)
 # where a worker computes its next gradient: at θ pulled after its own update was applied
 # (it waits), or at θ pulled just before it commits that update (Algorithm 1's order)
+LOSS_END, LOSS_CONTINUE = "end", "continue"  # --worker-loss
+WORKER_LOSS = (LOSS_END, LOSS_CONTINUE)
 WAIT, PIPELINED, OVERLAP = "wait", "pipelined", "overlap"
 WORKER_MODES = (WAIT, PIPELINED, OVERLAP)
 # η over a worker's own steps (gem_mpi.algorithm.stepsize): after --warmup-steps, constant,
@@ -318,6 +320,13 @@ class RuntimeConfig:
                           "worker to the master: its first rank, the leader, commits and "
                           "pulls; G must divide each node's worker ranks; asynchronous "
                           "methods and torch models only", check=POSITIVE, metavar="G")
+    worker_loss: str = opt(LOSS_END, "what a worker whose process dies does to the run: "
+                           "'end' the job (every MPI stack; --resume auto or python -m "
+                           "gem_mpi.launch continue it) or 'continue' without it, its update "
+                           "in flight dropped and its batches dealt to the others (Open MPI 5 "
+                           "under mpirun --with-ft ulfm only; an asynchronous method, one "
+                           "master, no --group-size)",
+                           check=(lambda v: v in WORKER_LOSS, f"one of {', '.join(WORKER_LOSS)}"))
     no_extension: bool = opt(False, "use the numpy reference at the master (and the "
                              "three-pass fold of the GEM workers' momentum) even when the C++ "
                              "extension is built")

@@ -66,6 +66,9 @@ DIVERGED = 4  # stopped early, diverged: workers keep no state of it
 OUTPUT_FAILED = 5  # stopped early, an output could not be written
 STOP_WORDS = {RUNNING: "running", FINISHED: "finished", ABORTED: "aborted",
               STOPPED: "stopped", DIVERGED: "diverged", OUTPUT_FAILED: "output failed"}
+# added to the stop word when a worker's process died (--worker-loss continue): the windows,
+# whose collective free would wait for it forever, are left to MPI_Finalize
+WORKER_LOST = 0x100
 
 # DONE's payload: the worker's own time split in seconds, one float32 per column, from its
 # first pull to its last message (the metrics file's /summary/worker_time). The columns from
@@ -371,6 +374,7 @@ __all__ = [
     "STOPPED",
     "STOP_WORDS",
     "UPDATE",
+    "WORKER_LOST",
     "WORKER_TIME_COLUMNS",
     "WORKER_TIME_SPLIT",
     "At",

@@ -16,7 +16,7 @@ import numpy as np
 
 from gem_mpi.algorithm.kernel import GapStats, GemStats, Kernel, kernel_threads, node_cores_left
 from gem_mpi.algorithm.rule import MasterRule
-from gem_mpi.config import GAP_AWARE, GEM, PROXY_GLOBAL, QUADRATIC, Config
+from gem_mpi.config import GAP_AWARE, GEM, LOSS_CONTINUE, PROXY_GLOBAL, QUADRATIC, Config
 from gem_mpi.engine.roster import Dealer, Roster
 from gem_mpi.engine.shards import Lead, Plan
 from gem_mpi.errors import OutputError
@@ -119,6 +119,8 @@ class Master:
         self.eval_split = cfg.data.eval_split  # what the end line calls the evaluation
         self.exit_timeout = cfg.monitor.exit_timeout
         self.roster = Roster(self.n_workers)  # who is done, who left
+        self.ep.tolerant = cfg.runtime.worker_loss == LOSS_CONTINUE
+        self._lost: set[int] = set()  # workers whose death was handled (--worker-loss)
         self.dealer: Dealer | None = None  # rank 0: a departed worker's batches (attach)
         self.cfg = cfg
         self.rejected: dict[int, int] = {}  # per worker
@@ -319,6 +321,8 @@ class Master:
                 self.timers["mpi"] += next_drain - self.DRAIN_S - t
             t = clock_fn()
             if t >= next_check:  # after every batch, and at most every CHECK_S when idle
+                if self.ep.tolerant and len(self.ep.lost()) > len(self._lost):
+                    self._losses()
                 verdict = self.sup.between_batches()
                 if verdict is not None:
                     return verdict
@@ -391,6 +395,26 @@ class Master:
         self.timers["apply"] += apply_total
         self.timers["mpi"] += clock_fn() - t_batch - apply_total
         return batch
+
+    def _losses(self) -> None:
+        """Workers whose process died (--worker-loss continue, ULFM): each leaves the run
+        at its updates applied, once no whole message of it waits in its slot (that one is
+        applied first); a half-written one is never ready, so never taken."""
+        waiting = {int(slot) + 1 for slot in self.ep.ready()}
+        for worker in sorted(self.ep.lost() - self._lost):
+            if worker in waiting or not 1 <= worker <= self.n_workers:
+                continue
+            self._lost.add(worker)
+            self.ep.theta_window.forget_readers()
+            self.sup.heard(worker, True)
+            if self.roster.left[worker - 1]:  # it had signed off LEFT already
+                continue
+            seq = int(self.next_seq[worker - 1])
+            rest = self.dealer.leave(worker, seq)
+            self.sup.departed(worker, seq, self.clock, rest, self.dealer.data_plan(), lost=True)
+            given = self.dealer.deal()
+            if given:
+                self.sup.replan(self.dealer.data_plan(), given)
 
     def _signed_off(self, kind: int, worker: int, seq: int) -> None:
         """A worker's DONE or LEFT (``seq``: its updates, all applied by now). Rank 0 deals

@@ -184,7 +184,7 @@ class Follower:
         """The lead deals; it watches the workers."""
 
     def departed(self, worker: int, seq: int, clock: int, rest: int,
-                 data_plan: np.ndarray) -> None:
+                 data_plan: np.ndarray, lost: bool = False) -> None:
         """The lead records departures."""
 
     def replan(self, data_plan: np.ndarray, given: list[tuple[int, int]]) -> None:

@@ -28,7 +28,15 @@ import numpy as np
 from gem_mpi.algorithm.kernel import load_extension
 from gem_mpi.algorithm.rule import WorkerRule
 from gem_mpi.algorithm.stepsize import Schedule, clip
-from gem_mpi.config import AMP_BF16, OVERLAP, PIPELINED, Config, DataConfig, OptimConfig
+from gem_mpi.config import (
+    AMP_BF16,
+    LOSS_CONTINUE,
+    OVERLAP,
+    PIPELINED,
+    Config,
+    DataConfig,
+    OptimConfig,
+)
 from gem_mpi.engine.group import Group
 from gem_mpi.engine.shards import Plan
 from gem_mpi.outputs import checkpoint
@@ -495,6 +503,8 @@ def _set_up(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
     ep = WorkerShards(comms or [comm], plan.layouts, plan.bounds,
                       poll_limit=cfg.runtime.poll_max_ms / 1000.0,
                       theta_into=steps_fn.pull_buffer)
+    for endpoint in ep.eps:  # --worker-loss continue: freeing the windows meets a dead rank
+        endpoint.tolerant = cfg.runtime.worker_loss == LOSS_CONTINUE
     on_device = isinstance(steps_fn, _TorchSteps)
     extension = None if cfg.runtime.no_extension else load_extension()[0]
     rule = WorkerRule(cfg.optim, steps_fn.delta if on_device else np.zeros(problem.n_params,

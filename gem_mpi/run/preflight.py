@@ -25,6 +25,7 @@ from gem_mpi.config import (
     GAP_AWARE,
     GEM,
     HOLDOUT_DATASETS,
+    LOSS_CONTINUE,
     METHODS,
     MODELS,
     PROXY_GLOBAL,
@@ -75,6 +76,18 @@ def _infinite(value: Any) -> bool:
     return isinstance(value, float) and math.isinf(value)
 
 
+def _check_loss_tolerance(cfg: Config, sync: bool) -> None:
+    """--worker-loss continue: where rank 0 can go on after a worker died (the probe's
+    finding, docs/RELIABILITY.md), for the engine that handles it."""
+    if sync or cfg.runtime.masters > 1 or cfg.runtime.group_size > 1:
+        raise UsageError("--worker-loss continue: an asynchronous method with one master and "
+                         "no --group-size only")
+    if os.environ.get("OMPI_MCA_mpi_ft_enable") != "1":
+        raise UsageError("--worker-loss continue needs Open MPI 5 launched with mpirun "
+                         "--with-ft ulfm (no other stack lets rank 0 go on after a worker "
+                         "died: docs/RELIABILITY.md); elsewhere use python -m gem_mpi.launch")
+
+
 def validate(cfg: Config, world_size: int, data: bool = True) -> None:
     """Every check that can be made before the run starts, without MPI; raises UsageError
     with one readable line. With ``data`` (rank 0 of a run) it also checks the dataset:
@@ -88,6 +101,8 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         )
     if method not in METHODS:
         raise UsageError(f"unknown --method {method!r}; choose from {', '.join(METHODS)}")
+    if cfg.runtime.worker_loss == LOSS_CONTINUE:
+        _check_loss_tolerance(cfg, sync)
     if model not in MODELS and not is_plugin(model):
         raise UsageError(f"unknown --model {model!r}; choose from {', '.join(MODELS)}, or "
                          "give your own as MODULE:FUNCTION")

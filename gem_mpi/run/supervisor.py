@@ -170,9 +170,10 @@ class Supervisor(Protocol):
         ...
 
     def departed(self, worker: int, seq: int, clock: int, rest: int,
-                 data_plan: np.ndarray) -> None:
-        """Worker ``worker`` left after ``seq`` updates, at θ's version ``clock``, with
-        ``rest`` batches of its plan not done; the plans are ``data_plan`` now."""
+                 data_plan: np.ndarray, lost: bool = False) -> None:
+        """Worker ``worker`` left after ``seq`` updates (``lost``: its process died), at θ's
+        version ``clock``, with ``rest`` batches of its plan not done; the plans are
+        ``data_plan`` now."""
         ...
 
     def replan(self, data_plan: np.ndarray, given: list[tuple[int, int]]) -> None:
@@ -360,7 +361,7 @@ class RunSupervisor:
         self.watchdog.expect(worker)
 
     def departed(self, worker: int, seq: int, clock: int, rest: int,
-                 data_plan: np.ndarray) -> None:
+                 data_plan: np.ndarray, lost: bool = False) -> None:
         """One line, a row of the metrics file's ``departures`` and a new segment, and a
         checkpoint at the next check: the job may be killed soon after (preemption)."""
         self.data_plan = data_plan
@@ -375,7 +376,9 @@ class RunSupervisor:
         self._save_due = True
         where = (f"{rest} of its batches go to the workers that finish theirs"
                  if rest else "its batches were all done")
-        say(f"worker {worker} ({worker_ranks(self.cfg, worker)}) left at update {clock} "
+        how = ("was lost (its process died; an update it was sending is not applied)"
+               if lost else "left")
+        say(f"worker {worker} ({worker_ranks(self.cfg, worker)}) {how} at update {clock} "
             f"after {seq} of its own: {where}; {left} of {self.n_workers} workers train on")
 
     def replan(self, data_plan: np.ndarray, given: list[tuple[int, int]]) -> None:

@@ -29,6 +29,7 @@ from gem_mpi.protocol import (  # the message format; re-exported for the endpoi
     SIGN_OFFS,
     STOPPED,
     UPDATE,
+    WORKER_LOST,
     Layout,
 )
 from gem_mpi.transport.idioms import (
@@ -84,7 +85,13 @@ class _Endpoint:
             idiom.open()
         comm.Barrier()  # rank 0's initial values are in place before any worker looks
 
+    tolerant = False  # --worker-loss continue: rank 0 goes on after a worker's death
+
+    peer_lost = False  # a worker's process died: the windows are left to MPI_Finalize
+
     def _free(self) -> None:
+        if self.peer_lost:  # each window's free is collective and would wait for it forever
+            return
         for idiom in (self.orders, self.roll, self.theta_window, self.mailbox, self.stop,
                       self.tickets, self.progress):
             idiom.free()
@@ -151,16 +158,22 @@ class MasterEndpoint(_Endpoint):
     def tickets_drawn(self) -> int:
         return self.tickets.drawn()
 
+    def lost(self) -> set[int]:
+        """Workers (1..n) whose process died, as ULFM told rank 0 (--worker-loss continue)."""
+        return self.progress.lost
+
     def shutdown(self, code: int = FINISHED, timeout_s: float = 60.0) -> list[int]:
         """Tell the workers to leave and free the windows with them once every worker has
-        signed the roll. Returns the workers that had not signed after ``timeout_s`` (the
-        windows are then left as they are: freeing them would wait for those workers
-        forever, so the caller ends the job), or [] once the windows are freed."""
-        self.stop.say(code)
+        signed the roll (a lost one cannot). Returns the workers that had not signed after
+        ``timeout_s`` (the windows are then left as they are: freeing them would wait for
+        those workers forever, so the caller ends the job), or [] once the windows are
+        freed."""
+        self.peer_lost = bool(self.lost())
+        self.stop.say(code | (WORKER_LOST if self.peer_lost else 0))
         deadline = time.monotonic() + timeout_s
         backoff = self.idle_backoff(first=50e-6, limit=10e-3)
         while True:
-            missing = self.roll.missing()
+            missing = [w for w in self.roll.missing() if w not in self.lost()]
             if not missing:
                 break
             if time.monotonic() >= deadline:
@@ -190,7 +203,10 @@ class WorkerEndpoint(_Endpoint):
 
     def stop_code(self) -> int:
         """The master's stop word: RUNNING while the run goes on."""
-        return self.stop.heard()
+        word = self.stop.heard()
+        if word & WORKER_LOST:
+            self.peer_lost = True
+        return word & ~WORKER_LOST
 
     def wait_slot_free(self) -> bool:
         """Block (backing off) until the master consumed our previous message.

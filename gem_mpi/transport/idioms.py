@@ -206,6 +206,10 @@ class VersionedArray(_Window):
         """No read that overlaps what is written until end_write is taken as valid."""
         words = self._words
         self.win.Sync()
+        # a reader's -1 after forget_readers: even again (stored only then: a store every
+        # write would race the readers' atomics on the word)
+        if words[self._WANTED // 8] < 0:  # noqa: PLR1730
+            words[self._WANTED // 8] = 0
         if words[self._WANTED // 8] > 0:  # a reader failed: let it through first
             t0 = time.perf_counter()
             self._backoff.reset()
@@ -216,6 +220,15 @@ class VersionedArray(_Window):
                 self.win.Sync()
             self.held_s += time.perf_counter() - t0
         words[self._SEQ // 8] += 1  # odd: writing
+        self.win.Sync()
+
+    def forget_readers(self) -> None:
+        """Rank 0, after a reader's process died: a read it had failed would hold every
+        write back by hold_s for good, so the wanted word starts again from 0 (a live
+        reader that failed just then goes without its turn once: its -1 is undone by
+        the next write)."""
+        self.win.Sync()
+        self._words[self._WANTED // 8] = 0
         self.win.Sync()
 
     def end_write(self, version: int) -> None:

@@ -67,18 +67,41 @@ class ProgressPoke:
         self._request = self.comm.Irecv([self._buf, MPI.BYTE], MPI.ANY_SOURCE, 0)
         self.rounds = max(1, rounds)
         self.calls = 0
+        # ranks whose process died, as ULFM reports them here (--worker-loss continue): the
+        # pending receive from any source fails with MPI_ERR_PROC_FAILED(_PENDING)
+        self.lost: set[int] = set()
 
     def __call__(self) -> None:
         self.calls += 1
         test = self._request.Test
-        for _ in range(self.rounds):
-            test()
+        try:
+            for _ in range(self.rounds):
+                test()
+        except MPI.Exception as exc:
+            self._failed(exc)
 
     def once(self) -> None:
         """One entry: between the updates of a batch, where θ is being written and every
         microsecond rank 0 spends makes a concurrent pull read again."""
         self.calls += 1
-        self._request.Test()
+        try:
+            self._request.Test()
+        except MPI.Exception as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: MPI.Exception) -> None:
+        """A process failure (ULFM): acknowledge it, so that the receive goes on, and note
+        the ranks lost; any other error is raised."""
+        if exc.Get_error_class() not in (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING):
+            raise exc
+        self.comm.Ack_failed()
+        failed = self.comm.Get_failed()
+        try:
+            own = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())),
+                                            self.comm.Get_group())
+        finally:
+            failed.Free()
+        self.lost.update(int(r) for r in own)
 
     def free(self) -> None:
         if self.comm != MPI.COMM_NULL:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from gem_mpi.engine.roster import Roster
 from gem_mpi.engine.shards import LEAD, Follower, Lead
 from gem_mpi.protocol import (
     FINISHED,
@@ -78,6 +79,7 @@ class FakeShard:
         self.sup: Follower | None = None
         self.gate = threading.Event()  # the test opens it when updates may be applied
         self.gate.set()
+        self.roster = Roster(WORKERS)  # each worker's DONE, once its budget is applied
 
     def _apply_one(self, limit: np.ndarray | None = None) -> bool:
         for w in range(WORKERS):
@@ -98,6 +100,8 @@ class FakeShard:
                 self.gate.wait(0.01)
                 continue
             if not self._apply_one():
+                for w in range(1, WORKERS + 1):
+                    self.roster.done(w, self.budget)
                 return RUN_FINISHED
 
     def theta(self) -> np.ndarray:
