@@ -274,3 +274,48 @@ def theta0_state(*options: str) -> dict:
 
     cfg, _ = config.parse(list(options))
     return build_problem(cfg.data, with_theta0=False).model.state_dict()
+
+
+# tests/user_code/elastic_probe.py: a dataset whose targets are the samples' indices and a
+# loss that is their sum, so each update's loss names the batch it was computed on
+PROBE_SAMPLES, PROBE_BATCH, PROBE_SOURCES = 4003, 4, 4
+
+
+def indexed_probe(tmp: Path, method: str, epochs: int) -> tuple[list[str], dict[str, str]]:
+    """The train options and environment of a run of ``method`` over the indexed dataset,
+    sharded over its 4 first workers, checkpointing every 0.3 s into ``tmp``."""
+    args = ["--model", "elastic_probe:linear", "--dataset", "elastic_probe:indexed",
+            "--loss", "elastic_probe:index_sum", "--method", method, "--shard",
+            "--batch-size", str(PROBE_BATCH), "--epochs", str(epochs),
+            "--no-stop-on-divergence", "--metrics", str(tmp / "run.h5"),
+            "--checkpoint-dir", str(tmp), "--checkpoint-every", "0.3", "--eval-every", "0"]
+    return args, {"PYTHONPATH": f"{REPO / 'tests' / 'user_code'}{os.pathsep}{REPO}"}
+
+
+def probe_per_epoch() -> list[int]:
+    """Batches per epoch of each of the 4 sources (--shard: samples i mod 4 = s − 1)."""
+    return [len(range(s, PROBE_SAMPLES, PROBE_SOURCES)) // PROBE_BATCH
+            for s in range(PROBE_SOURCES)]
+
+
+def assert_every_sample_once(rows: Iterable[tuple[list, int, int, float]], seed: int,
+                             epochs: int) -> None:
+    """Each (plan, seq, worker, loss) row computed batch ``seq`` of its worker's plan (its
+    loss is that batch's index sum), and every sample of every epoch was seen once."""
+    from gem_mpi.problem import elastic
+    from gem_mpi.problem.data import epoch_indices
+
+    orders: dict[tuple[int, int], object] = {}
+    seen: dict[int, Counter] = {e: Counter() for e in range(epochs)}
+    for plan, seq, worker, loss in rows:
+        s, n, e, j = elastic.batch_of(plan, seq)
+        if (s, e) not in orders:
+            orders[s, e] = epoch_indices(PROBE_SAMPLES, e, seed + s, (s - 1, n)).numpy()
+        batch = orders[s, e][j * PROBE_BATCH:(j + 1) * PROBE_BATCH]
+        assert loss == float(batch.sum()), (worker, seq)  # it computed that batch
+        seen[e].update(batch.tolist())
+    per_epoch = probe_per_epoch()
+    for e in range(epochs):
+        whole = Counter(int(i) for s in range(1, PROBE_SOURCES + 1)
+                        for i in orders[s, e][:per_epoch[s - 1] * PROBE_BATCH])
+        assert seen[e] == whole, e  # every sample of the epoch once

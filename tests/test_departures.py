@@ -17,7 +17,18 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from helpers import REPO, quadratic_args, rank_pids, train, train_background
+from helpers import (
+    PROBE_BATCH,
+    PROBE_SAMPLES,
+    REPO,
+    assert_every_sample_once,
+    indexed_probe,
+    probe_per_epoch,
+    quadratic_args,
+    rank_pids,
+    train,
+    train_background,
+)
 
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.outputs import checkpoint
@@ -27,7 +38,6 @@ from gem_mpi.problem.quadratic import Quadratic
 
 pytestmark = pytest.mark.mpi
 
-USER_CODE = REPO / "tests" / "user_code"
 DIM, STEPS, LR, PI_MAX = 2000, 6000, 0.05, 50.0
 
 
@@ -136,60 +146,39 @@ def test_every_worker_leaving_ends_the_run_with_a_checkpoint_that_resumes(tmp_pa
     assert Counter(zip(u["worker"].tolist(), u["seq"].tolist())).most_common(1)[0][1] == 1
 
 
-BATCH, EPOCHS, SAMPLES = 4, 3, 4003
+EPOCHS = 3
 
 
 @pytest.mark.parametrize("method", ["gem", "gap-aware"])
 def test_no_sample_of_an_epoch_is_lost_or_seen_twice_when_a_worker_leaves(tmp_path, method):
-    from gem_mpi.problem.data import epoch_indices
-
-    args = ["--model", "elastic_probe:linear", "--dataset", "elastic_probe:indexed",
-            "--loss", "elastic_probe:index_sum", "--method", method, "--shard",
-            "--batch-size", str(BATCH), "--epochs", str(EPOCHS), "--no-stop-on-divergence",
-            "--metrics", str(tmp_path / "run.h5"), "--checkpoint-dir", str(tmp_path),
-            "--checkpoint-every", "0.3", "--eval-every", "0"]
-    env = {"PYTHONPATH": f"{USER_CODE}{os.pathsep}{REPO}"}
+    args, env = indexed_probe(tmp_path, method, EPOCHS)
     proc = train_background(5, *args, env=env)
     err = _terminate(proc, [3], lambda: _started(tmp_path))
     assert proc.returncode == 0, err
     final = checkpoint.load(checkpoint.latest(str(tmp_path)))
     plans = elastic.from_array(final.data_plan, 4)
-    seed = final.config["seed"] * 100_003
-    per_epoch = [len(range(s, SAMPLES, 4)) // BATCH for s in range(4)]
+    per_epoch = probe_per_epoch()
     first = [elastic.source_plan(s + 1, 4, per_epoch[s], EPOCHS) for s in range(4)]
     u = load_run(tmp_path / "run.h5").updates
     _check_once(u, plans, first)
-    orders: dict[tuple[int, int], np.ndarray] = {}
-    seen: dict[int, Counter] = {e: Counter() for e in range(EPOCHS)}
-    for w, seq, loss in zip(u["worker"].tolist(), u["seq"].tolist(), u["loss"].tolist()):
-        s, n, e, j = elastic.batch_of(plans[w - 1], seq)
-        if (s, e) not in orders:
-            orders[s, e] = epoch_indices(SAMPLES, e, seed + s, (s - 1, n)).numpy()
-        batch = orders[s, e][j * BATCH:(j + 1) * BATCH]
-        assert loss == float(batch.sum()), (w, seq)  # it computed that batch
-        seen[e].update(batch.tolist())
-    for e in range(EPOCHS):
-        whole = Counter(int(i) for s in range(1, 5)
-                        for i in orders[s, e][:per_epoch[s - 1] * BATCH])
-        assert seen[e] == whole, e
+    assert_every_sample_once(((plans[w - 1], seq, w, loss) for w, seq, loss in zip(
+        u["worker"].tolist(), u["seq"].tolist(), u["loss"].tolist())),
+        final.config["seed"] * 100_003, EPOCHS)
 
 
 def test_a_group_whose_leader_leaves_goes_with_it_and_the_other_takes_its_batches(tmp_path):
     """--group-size 2: the leader's SIGTERM takes its group out (its member exits 0 at
     once); the other group's member reads its part of every batch dealt to its leader."""
-    args = ["--model", "elastic_probe:linear", "--dataset", "elastic_probe:indexed",
-            "--loss", "elastic_probe:index_sum", "--method", "gem", "--group-size", "2",
-            "--batch-size", str(BATCH), "--epochs", "2", "--no-stop-on-divergence",
-            "--metrics", str(tmp_path / "run.h5"), "--checkpoint-dir", str(tmp_path),
-            "--checkpoint-every", "0.3", "--eval-every", "0"]
-    env = {"PYTHONPATH": f"{USER_CODE}{os.pathsep}{REPO}"}
+    args, env = indexed_probe(tmp_path, "gem", 2)
+    args.remove("--shard")  # each group reads the whole set
+    args += ["--group-size", "2"]
     proc = train_background(5, *args, env=env)
     err = _terminate(proc, [3], lambda: _started(tmp_path))  # group 2's leader
     assert proc.returncode == 0, err
     assert "worker 2 (ranks 3-4, leader 3) left at update" in err, err
     final = checkpoint.load(checkpoint.latest(str(tmp_path)))
     plans = elastic.from_array(final.data_plan, 2)
-    steps = SAMPLES // (2 * BATCH)  # a group's batch is 2 × 4, each group the whole set
+    steps = PROBE_SAMPLES // (2 * PROBE_BATCH)  # a group's batch is 2 × 4 of the whole set
     u = load_run(tmp_path / "run.h5").updates
     _check_once(u, plans, [elastic.source_plan(s, 2, steps, 2) for s in (1, 2)])
     assert elastic.length(plans[0]) > 2 * steps  # group 1 trained some of group 2's

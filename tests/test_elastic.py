@@ -13,13 +13,20 @@ seen exactly once over the three segments.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, quadratic_args, signal_when, train, train_background
+from helpers import (
+    assert_every_sample_once,
+    indexed_probe,
+    probe_per_epoch,
+    quadratic_args,
+    signal_when,
+    train,
+    train_background,
+)
 
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.outputs import checkpoint
@@ -29,7 +36,6 @@ from gem_mpi.problem.quadratic import Quadratic
 
 pytestmark = pytest.mark.mpi
 
-USER_CODE = REPO / "tests" / "user_code"
 DIM, STEPS, LR, PI_MAX = 2000, 6000, 0.05, 50.0
 SIZES = (4, 2, 6)  # the workers of each segment
 
@@ -139,43 +145,24 @@ def test_sharded_masters_keep_their_k_across_resizes(tmp_path):
         assert np.array_equal(theta[lo:hi], ref.theta), f"shard {k}"
 
 
-BATCH, EPOCHS = 4, 4
-SAMPLES = 4003  # elastic_probe.SAMPLES
+EPOCHS = 4
 
 
 @pytest.mark.parametrize("method", ["gem", "downpour", "adaptive", "gap-aware"])
 def test_no_sample_of_an_epoch_is_lost_or_seen_twice(tmp_path, method):
-    from gem_mpi.problem.data import epoch_indices
-
-    args = ["--model", "elastic_probe:linear", "--dataset", "elastic_probe:indexed",
-            "--loss", "elastic_probe:index_sum", "--method", method, "--shard",
-            "--batch-size", str(BATCH), "--epochs", str(EPOCHS), "--no-stop-on-divergence",
-            "--metrics", str(tmp_path / "run.h5"), "--checkpoint-dir", str(tmp_path),
-            "--checkpoint-every", "0.3", "--eval-every", "0"]
-    env = {"PYTHONPATH": f"{USER_CODE}{os.pathsep}{REPO}"}
+    args, env = indexed_probe(tmp_path, method, EPOCHS)
     stops, _ = _segments(tmp_path, args, env)
-    seed = stops[0].config["seed"] * 100_003
-    per_epoch = [len(range(s, SAMPLES, 4)) // BATCH for s in range(4)]
+    per_epoch = probe_per_epoch()
     first = [elastic.source_plan(s + 1, 4, per_epoch[s], EPOCHS) for s in range(4)]
     u, plans = _check_segments(tmp_path, stops, EPOCHS * sum(per_epoch))
     plans[0] = first
-    orders: dict[tuple[int, int], np.ndarray] = {}
-    seen: dict[int, Counter] = {e: Counter() for e in range(EPOCHS)}
     bounds = json.loads(load_run(tmp_path / "run.h5").attrs["segments"])
+    rows = []
     for k, seg in enumerate(bounds):
-        rows = slice(seg["clock_from"], seg["clock_to"])
-        for w, seq, loss in zip(u["worker"][rows].tolist(), u["seq"][rows].tolist(),
-                                u["loss"][rows].tolist()):
-            s, n, e, j = elastic.batch_of(plans[k][w - 1], seq)
-            if (s, e) not in orders:
-                orders[s, e] = epoch_indices(SAMPLES, e, seed + s, (s - 1, n)).numpy()
-            batch = orders[s, e][j * BATCH:(j + 1) * BATCH]
-            assert loss == float(batch.sum()), (k, w, seq)  # it computed that batch
-            seen[e].update(batch.tolist())
-    for e in range(EPOCHS):
-        whole = Counter(int(i) for s in range(1, 5)
-                        for i in orders[s, e][:per_epoch[s - 1] * BATCH])
-        assert seen[e] == whole, e  # every sample of the epoch once
+        cut = slice(seg["clock_from"], seg["clock_to"])
+        rows += [(plans[k][w - 1], seq, w, loss) for w, seq, loss in zip(
+            u["worker"][cut].tolist(), u["seq"][cut].tolist(), u["loss"][cut].tolist())]
+    assert_every_sample_once(rows, stops[0].config["seed"] * 100_003, EPOCHS)
 
 
 def test_a_resume_on_other_workers_still_refuses_what_may_not_change(tmp_path):
