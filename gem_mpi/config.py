@@ -143,20 +143,6 @@ class OptimConfig:
                          "no m and do not send κ|m| (with one worker it is 'local' exactly); "
                          "--method gem only, with either --gem-shift and --worker-mode",
                          check=(lambda v: v in GEM_PROXIES, f"one of {', '.join(GEM_PROXIES)}"))
-    ga_decay: float = opt(0.999, "--method gap-aware: decay γ of the master's per-element "
-                          "moving average v ← γv + (1 − γ)Δθ² of the incoming steps; "
-                          "C = √(v/(1 − γ^t)) + ε is the typical step a gap is measured "
-                          "in (0: the current step alone); in [0, 1)", check=FRACTION_F32)
-    ga_eps: float = opt(1e-8, "--method gap-aware: ε added to C (θ's units), so that a "
-                        "parameter that never moved is not divided by 0 (> 0)",
-                        check=POSITIVE_F32)
-    diloco_steps: int = opt(20, "--method diloco: H, the inner steps each worker takes between "
-                            "two outer steps (> 0); a budget that is no whole number of "
-                            "rounds ends at the last whole one", check=POSITIVE)
-    diloco_outer_lr: float = opt(0.7, "--method diloco: the outer learning rate (the paper's "
-                                 "0.7; > 0)", check=POSITIVE_F32)
-    diloco_outer_momentum: float = opt(0.9, "--method diloco: the outer Nesterov momentum (the "
-                                       "paper's 0.9) in [0, 1)", check=FRACTION_F32)
     wire: str = opt(WIRE_F32, "how a worker sends Δθ and GEM's κ|m|: 'float32', or 'bf16' "
                     "(half the bytes: Δθ rounded to nearest even, κ|m| rounded toward zero "
                     "so it never exceeds the proxy; the master computes π from the values "
@@ -338,8 +324,35 @@ class RuntimeConfig:
                                 "asynchrony buys", metavar="WORKER:FACTOR")
 
 
-SECTIONS = {"optim": OptimConfig, "data": DataConfig, "monitor": MonitorConfig,
-            "outputs": OutputConfig, "runtime": RuntimeConfig}
+@dataclass(frozen=True)
+class GapAwareConfig:
+    """--method gap-aware alone: its master's step average (Barkai et al., ICLR 2020)."""
+
+    ga_decay: float = opt(0.999, "decay γ of the master's per-element "
+                          "moving average v ← γv + (1 − γ)Δθ² of the incoming steps; "
+                          "C = √(v/(1 − γ^t)) + ε is the typical step a gap is measured "
+                          "in (0: the current step alone); in [0, 1)", check=FRACTION_F32)
+    ga_eps: float = opt(1e-8, "ε added to C (θ's units), so that a "
+                        "parameter that never moved is not divided by 0 (> 0)",
+                        check=POSITIVE_F32)
+
+
+@dataclass(frozen=True)
+class DilocoConfig:
+    """--method diloco alone: its rounds and outer Nesterov step (arXiv 2311.08105)."""
+
+    diloco_steps: int = opt(20, "H, the inner steps each worker takes between "
+                            "two outer steps (> 0); a budget that is no whole number of "
+                            "rounds ends at the last whole one", check=POSITIVE)
+    diloco_outer_lr: float = opt(0.7, "the outer learning rate (the paper's "
+                                 "0.7; > 0)", check=POSITIVE_F32)
+    diloco_outer_momentum: float = opt(0.9, "the outer Nesterov momentum (the "
+                                       "paper's 0.9) in [0, 1)", check=FRACTION_F32)
+
+
+SECTIONS = {"optim": OptimConfig, "gap_aware": GapAwareConfig, "diloco": DilocoConfig,
+            "data": DataConfig, "monitor": MonitorConfig, "outputs": OutputConfig,
+            "runtime": RuntimeConfig}
 
 
 @dataclass(frozen=True)
@@ -347,6 +360,8 @@ class Config:
     """The whole run's options: one section per component."""
 
     optim: OptimConfig = field(default_factory=OptimConfig)
+    gap_aware: GapAwareConfig = field(default_factory=GapAwareConfig)
+    diloco: DilocoConfig = field(default_factory=DilocoConfig)
     data: DataConfig = field(default_factory=DataConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     outputs: OutputConfig = field(default_factory=OutputConfig)

@@ -40,15 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from gem_mpi.config import (
-    GAP_AWARE,
-    GEM,
-    PROXY_GLOBAL,
-    SHIFT_PAPER,
-    WIRE_BF16,
-    WIRE_F32,
-    OptimConfig,
-)
+from gem_mpi import methods
+from gem_mpi.config import WIRE_BF16, WIRE_F32, OptimConfig
+from gem_mpi.methods import AMPLITUDE, DELTA
 
 # message kinds (a mailbox header's ``kind``)
 UPDATE = 1  # carries an update's payload
@@ -78,9 +72,6 @@ WORKER_LOST = 0x100
 WORKER_TIME_COLUMNS = ["wall", "compute", "load", "payload", "commit", "wait", "backoff",
                        "pull", "straggle", "group", "gpu"]
 WORKER_TIME_SPLIT = WORKER_TIME_COLUMNS[1:-1]  # the columns that add up to (at most) wall
-
-# the parts of an update's payload, by name: Δθ, κ|m|, s
-DELTA, AMPLITUDE, SHIFT_BASE = "delta", "a", "s"
 
 
 # the parts a bf16 wire narrows (s never: its rounding would be charged as staleness)
@@ -163,18 +154,9 @@ class UpdatePayload:
 
 
 def update_payload(optim: OptimConfig, n_params: int) -> UpdatePayload:
-    """(Δθ, κ|m|, s) for GEM, (Δθ, s) with the global proxy (the master makes κ|m|), s kept
-    by the master under the paper's shift; (Δθ, s) for Gap-Aware; Δθ otherwise. The wire
-    is ``optim.wire``."""
-    wire = optim.wire
-    if optim.method == GEM:
-        kept = SHIFT_BASE if optim.gem_shift == SHIFT_PAPER else None
-        if optim.gem_proxy == PROXY_GLOBAL:
-            return UpdatePayload(n_params, (DELTA, SHIFT_BASE), kept, wire)
-        return UpdatePayload(n_params, (DELTA, AMPLITUDE, SHIFT_BASE), kept, wire)
-    if optim.method == GAP_AWARE:
-        return UpdatePayload(n_params, (DELTA, SHIFT_BASE), None, wire)
-    return UpdatePayload(n_params, (DELTA,), None, wire)
+    """The parts ``optim.method``'s record says an update carries, on ``optim.wire``."""
+    parts, kept = methods.of(optim.method).payload(optim)
+    return UpdatePayload(n_params, parts, kept, optim.wire)
 
 
 @dataclass(frozen=True)
@@ -357,8 +339,6 @@ REPLIES = (At, State, Piece, Bye)  # what the lead waits for, one from each foll
 
 __all__ = [
     "ABORTED",
-    "AMPLITUDE",
-    "DELTA",
     "DIVERGED",
     "DONE",
     "FINISHED",
@@ -369,7 +349,6 @@ __all__ = [
     "OUTPUT_FAILED",
     "REPLIES",
     "RUNNING",
-    "SHIFT_BASE",
     "SIGN_OFFS",
     "STOPPED",
     "STOP_WORDS",

@@ -14,10 +14,9 @@ import uuid
 
 import numpy as np
 
-from gem_mpi import config
+from gem_mpi import config, methods
 from gem_mpi.algorithm.kernel import kernel_threads
-from gem_mpi.baseline.diloco import check_diloco
-from gem_mpi.baseline.sync import check_ddp, check_horovod, run_sync
+from gem_mpi.baseline.sync import check_face, run_sync
 from gem_mpi.engine import shards
 from gem_mpi.engine.group import Group, run_member
 from gem_mpi.engine.master import Master, Role, start_master
@@ -52,7 +51,7 @@ from gem_mpi.transport import MASTER, MPI, soft_barrier, thread_check, window_ch
 def thread_level(cfg: config.Config | None) -> str:
     """MULTIPLE for --method sync (Horovod's thread calls MPI beside ours); FUNNELED for the
     asynchronous methods, whose one-sided windows Open MPI refuses under MULTIPLE."""
-    return "multiple" if cfg is not None and cfg.method == config.SYNC else "funneled"
+    return "funneled" if cfg is None else methods.of(cfg.method).threads
 
 
 def prepare(cfg: config.Config, comm: MPI.Intracomm
@@ -79,12 +78,8 @@ def prepare(cfg: config.Config, comm: MPI.Intracomm
 def _check_on_master(cfg: config.Config, size: int) -> checkpoint.Checkpoint | None:
     """Every check that can be made before any work; returns the checkpoint to resume."""
     validate(cfg, size)  # the data too: there, intact, and a batch per worker
-    if cfg.method == config.SYNC:
-        check_horovod()
-    elif cfg.method == config.DDP:
-        check_ddp()
-    elif cfg.method == config.DILOCO:
-        check_diloco()
+    if config.synchronous(cfg.method):
+        check_face(cfg.method)  # its engine's library, installed and working
     else:
         kernel_threads()  # GEM_NUM_THREADS
         if cfg.runtime.masters > 1:  # θ is cut between tensors: enough of them?
@@ -152,12 +147,13 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint 
     ``result``, if given, receives on rank 0 the final θ and the model it was loaded into."""
     stop = StopFlag().install()
     rank = comm.Get_rank()
-    masters = cfg.runtime.masters if not config.synchronous(cfg.method) else 1
+    sync = methods.of(cfg.method).synchronous  # no master: the synchronous step loop
+    masters = cfg.runtime.masters if not sync else 1
     placement = local_placement(comm, masters)  # collective: every rank, before the windows
     problem = build_problem(cfg.data, with_theta0=rank < masters)
     n_workers = config.n_workers(cfg, comm.Get_size())  # a group of ranks counts as one
     group_comm = None
-    if cfg.runtime.group_size > 1 and not config.synchronous(cfg.method):
+    if cfg.runtime.group_size > 1 and not sync:
         world = comm
         comm, group_comm = _split_groups(world, cfg.runtime.group_size, masters)
         if comm is None:  # a group's member: its leader is the worker the master sees
@@ -165,20 +161,16 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint 
         rank = comm.Get_rank()  # a master's or a leader's place among the engine's ranks
     # --verbose: rank 0 learns where every rank runs, for its placement line
     ranks = gather_placement(comm, placement, cfg.runtime.threads, problem.quadratic is None
-                             ) if cfg.monitor.verbose and not config.synchronous(cfg.method) else None
+                             ) if cfg.monitor.verbose and not sync else None
     if resumed is not None and resumed.theta.size != problem.n_params:
         raise UsageError(f"--resume {resumed.path!r} holds {resumed.theta.size} "
                          f"parameters, this model has {problem.n_params}")
-    if (resumed is not None and cfg.method == config.GEM
-            and cfg.optim.gem_proxy == config.PROXY_GLOBAL
+    state = methods.of(cfg.method).master_state(cfg.optim)
+    if (resumed is not None and state is not None
             and getattr(resumed.proxy_m, "shape", None) != (problem.n_params,)):
-        raise UsageError(f"--resume {resumed.path!r} holds no global proxy m of "
-                         f"{problem.n_params} parameters (--gem-proxy global)")
-    if (resumed is not None and cfg.method == config.GAP_AWARE
-            and getattr(resumed.proxy_m, "shape", None) != (problem.n_params,)):
-        raise UsageError(f"--resume {resumed.path!r} holds no Gap-Aware step average of "
-                         f"{problem.n_params} parameters")
-    if config.synchronous(cfg.method):
+        raise UsageError(f"--resume {resumed.path!r} lacks {state} of {problem.n_params} "
+                         "parameters")
+    if sync:
         return run_sync(cfg, comm, problem, placement, stop, resumed, result)
     plan = shards.plan(cfg, problem, n_workers)
     soft_barrier(comm)

@@ -83,7 +83,7 @@ def test_the_global_proxy_is_gems_and_its_decay_must_decay():
         validate(cfg, 5, data=False)
     for method in ("downpour", "adaptive", "sync"):
         cfg, _ = config.parse(["--method", method, "--gem-proxy", "global"])
-        with pytest.raises(UsageError, match=f"--method {method} has no proxy"):
+        with pytest.raises(UsageError, match=f"is GEM's: --method {method} does not use it"):
             validate(cfg, 5, data=False)
     for extra in ([], ["--gem-shift", "paper"], ["--worker-mode", "pipelined"]):
         cfg, _ = config.parse(["--gem-proxy", "global", *extra])

@@ -26,7 +26,7 @@ def _hand_diloco(args: list[str], n: int) -> dict[str, torch.Tensor]:
     from gem_mpi.run.rank import data_stream, seed_dropout
 
     cfg, _ = config.parse(args)
-    o = cfg.optim
+    o, d = cfg.optim, cfg.diloco
     torch.set_num_threads(1)
     models = [build_problem(cfg.data, with_theta0=False).model for _ in range(n)]
     opts = [torch.optim.SGD(m.parameters(), lr=o.lr, momentum=o.momentum) for m in models]
@@ -42,13 +42,13 @@ def _hand_diloco(args: list[str], n: int) -> dict[str, torch.Tensor]:
             opt.zero_grad()
             torch.nn.functional.nll_loss(model(x), y).backward()
             opt.step()
-        if (step + 1) % o.diloco_steps:
+        if (step + 1) % d.diloco_steps:
             continue
         with torch.no_grad():
             for i, theta in enumerate(outer):
                 delta = sum(theta - list(m.parameters())[i] for m in models) / n
-                buf[i] = o.diloco_outer_momentum * buf[i] + delta
-                theta -= o.diloco_outer_lr * (delta + o.diloco_outer_momentum * buf[i])
+                buf[i] = d.diloco_outer_momentum * buf[i] + delta
+                theta -= d.diloco_outer_lr * (delta + d.diloco_outer_momentum * buf[i])
             for model in models:
                 for p, theta in zip(model.parameters(), outer):
                     p.copy_(theta)

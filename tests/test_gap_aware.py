@@ -26,7 +26,14 @@ from gem_mpi.algorithm import kernel as gem
 from gem_mpi.algorithm.kernel import BF16_NEAREST_EVEN, GapAware, Kernel, gap_step_numpy
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.algorithm.rule import MasterRule, WorkerRule
-from gem_mpi.config import DOWNPOUR, GAP_AWARE, WIRE_BF16, WIRE_F32, OptimConfig
+from gem_mpi.config import (
+    DOWNPOUR,
+    GAP_AWARE,
+    WIRE_BF16,
+    WIRE_F32,
+    GapAwareConfig,
+    OptimConfig,
+)
 from gem_mpi.errors import UsageError
 from gem_mpi.outputs.analysis import load_run
 from gem_mpi.problem.quadratic import Quadratic
@@ -151,13 +158,14 @@ def _post(slot: np.ndarray, parts: tuple[np.ndarray, ...]) -> int:
     return offset // 4
 
 
-def _lockstep(optim: OptimConfig, q: Quadratic, extension: bool, workers: int, rounds: int):
+def _lockstep(optim: OptimConfig, q: Quadratic, extension: bool, workers: int, rounds: int,
+              gap: GapAwareConfig | None = None):
     """``workers`` workers each computing at θ pulled at the start of a round, their updates
     applied one after the other (staleness 0 .. workers − 1): θ and the event log."""
     lay = layout(optim, q.dim, workers)
     _, sizes = q.tensors()
     kernel = Kernel(np.cumsum([0, *sizes]), prefer_extension=extension)
-    master = MasterRule(optim, kernel, q.dim, workers)
+    master = MasterRule(optim, kernel, q.dim, workers, gap)
     rules = [WorkerRule(optim, np.zeros(q.dim, f32),
                         extension=kernel.extension if extension else None)
              for _ in range(workers)]
@@ -183,8 +191,9 @@ def test_worker_and_master_rules_are_the_replay(wire, extension):
     """Through the payload layout (odd θ: a pad after the bf16 Δθ), stale updates penalised:
     θ is the replay's bit for bit, and not DOWNPOUR's."""
     q, lr = Quadratic(257, 3), 0.3
-    optim = OptimConfig(method=GAP_AWARE, lr=lr, wire=wire, ga_decay=0.99, ga_eps=1e-7)
-    theta, log = _lockstep(optim, q, extension, workers=3, rounds=5)
+    optim = OptimConfig(method=GAP_AWARE, lr=lr, wire=wire)
+    gap = GapAwareConfig(ga_decay=0.99, ga_eps=1e-7)
+    theta, log = _lockstep(optim, q, extension, workers=3, rounds=5, gap=gap)
     ref = replay(log, q, GAP_AWARE, lr, wire=wire, ga_decay=0.99, ga_eps=1e-7)
     assert np.array_equal(_bits(theta), _bits(ref.theta))
     assert not np.array_equal(theta, replay(log, q, DOWNPOUR, lr, wire=wire).theta)

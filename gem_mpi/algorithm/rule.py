@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from gem_mpi import methods
 from gem_mpi.algorithm.kernel import (
     BF16_NEAREST_EVEN,
     BF16_TOWARD_ZERO,
@@ -67,13 +68,9 @@ from gem_mpi.algorithm.kernel import (
     Kernel,
     to_bf16,
 )
-from gem_mpi.config import ADAPTIVE, GAP_AWARE, GEM, PROXY_GLOBAL, WIRE_BF16, OptimConfig
-from gem_mpi.protocol import SHIFT_BASE, update_payload
-
-
-def fixed_scale(method: str, staleness: int) -> float:
-    """π of the non-GEM methods: 1 for DOWNPOUR, 1/(τ+1) for adaptive staleness."""
-    return 1.0 / (staleness + 1.0) if method == ADAPTIVE else 1.0
+from gem_mpi.config import PROXY_GLOBAL, WIRE_BF16, GapAwareConfig, OptimConfig
+from gem_mpi.methods import RULE_GAP, RULE_GEM, SHIFT_BASE
+from gem_mpi.protocol import update_payload
 
 
 def global_decay(momentum: float, workers: int) -> tuple[np.float32, np.float32]:
@@ -167,8 +164,8 @@ class WorkerRule:
         global proxy the worker keeps no momentum: the master does. ``extension``:
         gem_mpi.algorithm._core, to fold m in one pass when it lives in host memory, and to
         round to bf16 (--wire bf16) in one pass; None: numpy does both."""
-        self.gem = optim.method == GEM
-        local = self.gem and optim.gem_proxy != PROXY_GLOBAL
+        local = (methods.of(optim.method).rule == RULE_GEM
+                 and optim.gem_proxy != PROXY_GLOBAL)
         self.momentum = Momentum.zeros_like(like, optim, extension) if local else None
         payload = update_payload(optim, 0)
         self.with_s = SHIFT_BASE in payload.parts  # GEM and Gap-Aware: the master needs s
@@ -229,22 +226,24 @@ class MasterRule:
     """The master's half: reads a payload the way the worker laid it out and applies it."""
 
     def __init__(self, optim: OptimConfig, kernel: Kernel, n_params: int,
-                 n_workers: int = 1) -> None:
-        self.method, self.kernel, self.n = optim.method, kernel, n_params
+                 n_workers: int = 1, gap_aware: GapAwareConfig | None = None) -> None:
+        """``gap_aware``: Gap-Aware's own options (None: their defaults)."""
+        self.method, self.kernel, self.n = methods.of(optim.method), kernel, n_params
         self.eps, self.pi_max = optim.eps, optim.pi_max
         self.payload = update_payload(optim, n_params)
         self.keep_s = self.payload.kept == SHIFT_BASE
         self.proxy: GlobalProxy | None = None  # the global proxy's m, at the master
-        if self.method == GEM and optim.gem_proxy == PROXY_GLOBAL:
+        if self.method.rule == RULE_GEM and optim.gem_proxy == PROXY_GLOBAL:
             m = np.empty(n_params, np.float32)
             kernel.zero(m)  # streamed in every update: first-touched by the kernel's threads
             self.proxy = GlobalProxy(m, *global_decay(optim.momentum, n_workers),
                                      np.float32(optim.kappa))
         self.gap: GapAware | None = None  # Gap-Aware's average of the squared steps, v
-        if self.method == GAP_AWARE:
+        if self.method.rule == RULE_GAP:
+            ga = gap_aware or GapAwareConfig()
             v = np.empty(n_params, np.float32)
             kernel.zero(v)
-            self.gap = GapAware.of(v, optim.ga_decay, optim.ga_eps)
+            self.gap = GapAware.of(v, ga.ga_decay, ga.ga_eps)
 
     @property
     def proxy_m(self) -> np.ndarray | None:
@@ -274,7 +273,7 @@ class MasterRule:
             delta, s = self.payload.split(payload)
             gstats = self.kernel.gap_step(theta, delta, s, self.gap, clock + 1)
             return gstats is not None, gstats
-        if self.method == GEM:
+        if self.method.rule == RULE_GEM:
             if self.proxy is not None:
                 (delta, s), a = self.payload.split(payload), None
             else:
@@ -283,5 +282,5 @@ class MasterRule:
                                          keep=s if self.keep_s else None, proxy=self.proxy)
             return stats is not None, stats
         (delta,) = self.payload.split(payload)
-        ok = self.kernel.fixed_step(theta, delta, fixed_scale(self.method, staleness))
+        ok = self.kernel.fixed_step(theta, delta, self.method.fixed_scale(staleness))
         return ok, None

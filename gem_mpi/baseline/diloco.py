@@ -57,13 +57,15 @@ class Diloco:
     """The exchange every H steps: torchft's DiLoCo hooks the inner optimizer's step, and at
     the H-th one averages the pseudo-gradients and takes the outer step."""
 
+    hint = ""  # torchft says nothing of its own when a round fails
+
     def __init__(self, cfg: Config, comm: MPI.Intracomm, device: object) -> None:
         import torch
 
         _, Manager, ProcessGroupGloo, LighthouseServer, self._DiLoCo = _torchft()
         from torch.distributed import TCPStore
 
-        o = cfg.optim
+        o = cfg.diloco
         self.torch, self.device, self.every = torch, device, o.diloco_steps
         self.outer_lr, self.outer_momentum = o.diloco_outer_lr, o.diloco_outer_momentum
         n = comm.Get_size()

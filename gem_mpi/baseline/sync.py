@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
 from gem_mpi.algorithm.stepsize import Schedule
-from gem_mpi.baseline.diloco import Diloco
+from gem_mpi.baseline.diloco import Diloco, check_diloco
 from gem_mpi.config import AMP_BF16, DDP, DILOCO, SYNC, Config
 from gem_mpi.errors import GemError, UsageError
 from gem_mpi.outputs.checkpoint import Checkpoint
@@ -82,11 +84,41 @@ def check_ddp() -> None:
                          "torch has none (use --method sync, Horovod)")
 
 
+class Face(Protocol):
+    """What the step loop asks of a synchronous method's engine (Horovod, DDP, DiLoCo)."""
+
+    name: str  # as the start-up line names it
+    every: int  # steps between two exchanges: 1, or a round's H
+    hint: str  # added to the line of a failed exchange
+
+    @property
+    def outer_state(self) -> dict | None:
+        """The optimizer state a checkpoint's momentum holds when the workers' own (inner)
+        optimizers differ from rank to rank (DiLoCo's outer buffer); None: the optimizer's."""
+
+    def failed(self, exc: BaseException) -> bool:
+        """Whether a step raised because the exchange failed (a worker stopped sending)."""
+
+    def wrap(self, model: Any, opt: Any) -> tuple[Any, Any]:
+        """(the module to run, the optimizer to step)."""
+
+    def broadcast(self, model: Any, opt: Any) -> None:
+        """Make the ranks' parameters and optimizer state rank 0's."""
+
+    def step(self, opt: Any, clip: Callable[[], object] | None) -> None:
+        """Wait for the exchange, clip the averaged gradient if asked, step."""
+
+    def close(self) -> None:
+        """Give the engine's resources back."""
+
+
 class _Horovod:
     """The allreduce on Horovod: its optimizer wrapper averages the gradients as the
     backward pass produces them (MPI_THREAD_MULTIPLE: its thread calls MPI)."""
 
-    def __init__(self, cfg: Config, comm: MPI.Intracomm) -> None:
+    every, outer_state, hint = 1, None, " (Horovod's lines above mark it with '!')"
+
+    def __init__(self, cfg: Config, comm: MPI.Intracomm, device: object) -> None:
         import horovod
         import horovod.torch as hvd
         from horovod.common.exceptions import HorovodInternalError
@@ -138,6 +170,8 @@ class _Ddp:
     over MPI; its timeout is
     --worker-timeout, so a hung rank fails the step as Horovod's stall check does."""
 
+    every, outer_state, hint = 1, None, ""
+
     def __init__(self, cfg: Config, comm: MPI.Intracomm, device: object) -> None:
         import datetime
 
@@ -183,6 +217,16 @@ class _Ddp:
             self.dist.destroy_process_group()
 
 
+# each synchronous method's check of its library (on rank 0, before the run) and its face
+_FACES: dict[str, tuple[Callable[[], None], Callable[..., Face]]] = {
+    SYNC: (check_horovod, _Horovod), DDP: (check_ddp, _Ddp), DILOCO: (check_diloco, Diloco)}
+
+
+def check_face(method: str) -> None:
+    """UsageError, with the fix, when ``method``'s engine cannot run here."""
+    _FACES[method][0]()
+
+
 class SyncTrainer:
     """One worker of the synchronous run: model, momentum SGD wrapped by the method's
     exchange (Horovod, DDP or DiLoCo), data.
@@ -202,14 +246,9 @@ class SyncTrainer:
         self.comm = comm
         self.worker = comm.Get_rank() + 1
         self.n_workers = comm.Get_size()
-        if cfg.method == SYNC:
-            self.face: _Horovod | _Ddp | Diloco = _Horovod(cfg, comm)
         self.device = torch_device(cfg.runtime.threads, placement)
-        if cfg.method == DDP:
-            self.face = _Ddp(cfg, comm, self.device)
-        elif cfg.method == DILOCO:
-            self.face = Diloco(cfg, comm, self.device)
-        self.every = getattr(self.face, "every", 1)  # steps between two exchanges
+        self.face: Face = _FACES[cfg.method][1](cfg, comm, self.device)
+        self.every = self.face.every  # steps between two exchanges
         self.model = problem.model.to(self.device)
         self.loss = problem.loss.mean
         self.model.train()
@@ -218,7 +257,7 @@ class SyncTrainer:
         if theta is not None:
             load_theta(self.model, theta)
         self.net, self.opt = self.face.wrap(self.model, opt)
-        outer = self.face.outer_state if cfg.method == DILOCO else None
+        outer = self.face.outer_state
         if momentum is not None:
             self._set_momentum(self.opt.state if outer is None else outer, momentum)
         if inner is not None:
@@ -277,8 +316,8 @@ class SyncTrainer:
     def momentum(self) -> np.ndarray:
         """The checkpoint's momentum: the optimizer's (DiLoCo: the outer Nesterov buffer,
         the same on every worker)."""
-        return self._flat_momentum(self.face.outer_state if isinstance(self.face, Diloco)
-                                   else self.opt.state)
+        outer = self.face.outer_state
+        return self._flat_momentum(self.opt.state if outer is None else outer)
 
     def inner_momentum(self) -> np.ndarray:
         """DiLoCo: this worker's own momentum, which differs from worker to worker."""
@@ -332,9 +371,9 @@ def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Plac
 
 
 def _rounds_note(cfg: Config, trainer: SyncTrainer, resumed: Checkpoint | None) -> str:
-    """DiLoCo: its rounds, the budget's steps cut to whole rounds, and where the inner
-    momenta of a resume come from."""
-    if cfg.method != DILOCO:
+    """Rounds (DiLoCo): how many, the budget's steps cut to whole rounds, and where the
+    inner momenta of a resume come from."""
+    if trainer.every == 1:
         return ""
     h = trainer.every
     note = f"; {trainer.steps // h} rounds of {h} steps"
@@ -451,7 +490,7 @@ class SyncRun:
     def _end(self, verdict: Verdict) -> Verdict:
         """Every rank ends here at the same step. DiLoCo: rank 0 gathers each worker's inner
         momentum, so that the checkpoint it writes now resumes them exactly."""
-        if isinstance(self.trainer.face, Diloco):
+        if self.trainer.face.outer_state is not None:
             mine = self.trainer.inner_momentum()
             self._inner = np.empty((self.n, mine.size), np.float32) if self.root else None
             self.comm.Gather(mine, self._inner, root=ROOT)
@@ -470,8 +509,7 @@ class SyncRun:
                 f"the round of steps {self.step}-{step} (its outer step)")
         why = (f"{what} could not complete: the allreduce failed, a worker having sent "
                f"nothing for --worker-timeout {self.cfg.monitor.worker_timeout:g} s"
-               + (" (Horovod's lines above mark it with '!')" if self.cfg.method == SYNC
-                  else ""))
+               + self.trainer.face.hint)
         if self.sup is not None:
             notes = self.sup.cut_short({"updates": step, "finished": 0.0},
                                        "--resume auto continues")

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gem_mpi import methods
 from gem_mpi.algorithm.kernel import GapStats, GemStats, Kernel, kernel_threads, node_cores_left
 from gem_mpi.algorithm.rule import MasterRule
-from gem_mpi.config import GAP_AWARE, GEM, LOSS_CONTINUE, PROXY_GLOBAL, QUADRATIC, Config
+from gem_mpi.config import LOSS_CONTINUE, QUADRATIC, Config
 from gem_mpi.engine.roster import Dealer, Roster
 from gem_mpi.engine.shards import Lead, Plan
 from gem_mpi.errors import OutputError
+from gem_mpi.methods import RULE_GEM
 from gem_mpi.outputs import checkpoint
 from gem_mpi.problem import Problem, elastic
 from gem_mpi.protocol import (
@@ -114,7 +116,7 @@ class Master:
                                  version0=resumed.clock if resumed else 0,
                                  ticket0=resumed.tickets if resumed else 0,
                                  zero=kernel.zero)  # θ and the mailboxes: first touch
-        self.rule = MasterRule(cfg.optim, kernel, hi - lo, self.n_workers)
+        self.rule = MasterRule(cfg.optim, kernel, hi - lo, self.n_workers, cfg.gap_aware)
         self.verbose = cfg.monitor.verbose
         self.eval_split = cfg.data.eval_split  # what the end line calls the evaluation
         self.exit_timeout = cfg.monitor.exit_timeout
@@ -555,13 +557,14 @@ def _changes_note(ckpt: checkpoint.Checkpoint) -> str:
 
 
 def _momentum_note(cfg: Config, ckpt: checkpoint.Checkpoint) -> str:
-    """How many GEM workers will find the momentum they saved when the run was stopped."""
-    if cfg.method == GAP_AWARE:
-        return ", Gap-Aware's step average v restored from the checkpoint"
-    if cfg.method != GEM:
+    """What state the resume restores: the master's own (its record says which), or how
+    many GEM workers will find the momentum they saved when the run was stopped."""
+    method = methods.of(cfg.method)
+    state = method.master_state(cfg.optim)
+    if state is not None:
+        return f", {state} restored from the checkpoint"
+    if method.rule != RULE_GEM:
         return ""
-    if cfg.optim.gem_proxy == PROXY_GLOBAL:
-        return ", the global proxy's m restored from the checkpoint"
     directory, seqs = cfg.outputs.checkpoint_dir, ckpt.next_seq
     found = sum(
         checkpoint.load_worker_momentum(directory, w + 1, int(seqs[w]), ckpt.run_id)

@@ -48,7 +48,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from gem_mpi.config import DataConfig, OptimConfig, synchronous
+from gem_mpi.config import DataConfig, DilocoConfig, GapAwareConfig, OptimConfig, synchronous
 from gem_mpi.errors import OutputError, UsageError
 from gem_mpi.outputs.files import atomic_write, os_reason
 
@@ -62,9 +62,11 @@ _PATTERN = re.compile(r"checkpoint_(\d{12})\.h5$")
 # worker's m and place in its data) was made by them; monitoring, outputs and runtime
 # options change nothing that is computed and may differ freely.
 MAY_CHANGE = ("lr", "data_dir", "loader_workers")
-MUST_MATCH = tuple(f.name for sec in (OptimConfig, DataConfig) for f in dataclasses.fields(sec)
-                   if f.name not in MAY_CHANGE)
-RECORDED = tuple(f.name for sec in (OptimConfig, DataConfig) for f in dataclasses.fields(sec))
+# the sections of the update rule (each method's own included) and of the data
+_COMPUTED = [f for sec in (OptimConfig, GapAwareConfig, DilocoConfig, DataConfig)
+             for f in dataclasses.fields(sec)]
+MUST_MATCH = tuple(f.name for f in _COMPUTED if f.name not in MAY_CHANGE)
+RECORDED = tuple(f.name for f in _COMPUTED)
 
 
 @dataclass
@@ -239,8 +241,7 @@ def load(path: str) -> Checkpoint:
 
 
 # Each setting's default: a checkpoint written before an option existed ran with it
-DEFAULTS = {f.name: f.default for sec in (OptimConfig, DataConfig)
-            for f in dataclasses.fields(sec)}
+DEFAULTS = {f.name: f.default for f in _COMPUTED}
 
 
 def _setting(config: dict, key: str) -> object:

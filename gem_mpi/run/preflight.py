@@ -16,20 +16,17 @@ import os
 import re
 from typing import Any
 
+from gem_mpi import methods
 from gem_mpi.algorithm.rule import global_decay
 from gem_mpi.config import (
     AMP_OFF,
     COSINE,
     DATASETS,
     DILOCO,
-    GAP_AWARE,
-    GEM,
     HOLDOUT_DATASETS,
     LOSS_CONTINUE,
-    METHODS,
     MODELS,
     PROXY_GLOBAL,
-    PROXY_LOCAL,
     QUADRATIC,
     SECTIONS,
     SHIFT_OTHERS,
@@ -38,7 +35,6 @@ from gem_mpi.config import (
     WIRE_F32,
     Config,
     DataConfig,
-    OptimConfig,
     OutputConfig,
     flag_of,
     is_plugin,
@@ -47,6 +43,7 @@ from gem_mpi.config import (
     synchronous,
 )
 from gem_mpi.errors import UsageError
+from gem_mpi.methods import RULE_GAP, RULE_GEM
 from gem_mpi.outputs import checkpoint
 from gem_mpi.problem.loss import Loss, make_loss
 from gem_mpi.problem.user import SPLITS, why
@@ -93,14 +90,13 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
     with one readable line. With ``data`` (rank 0 of a run) it also checks the dataset:
     that it is there and intact, and that each worker's share holds a batch."""
     method, model, dataset = cfg.method, cfg.data.model, cfg.data.dataset
-    sync = synchronous(method)
+    record = methods.of(method)  # an unknown --method is one line
+    sync = record.synchronous
     if world_size < 2 and not sync:
         raise UsageError(
             f"needs at least 2 MPI ranks (1 master + workers), got {world_size}: "
             "launch with e.g. mpirun -n 5 python -m gem_mpi.train"
         )
-    if method not in METHODS:
-        raise UsageError(f"unknown --method {method!r}; choose from {', '.join(METHODS)}")
     if cfg.runtime.worker_loss == LOSS_CONTINUE:
         _check_loss_tolerance(cfg, sync)
     if model not in MODELS and not is_plugin(model):
@@ -120,14 +116,10 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         raise UsageError(f"--dataset {dataset!r} is a dataset of your own and --model {model} "
                          "is built for the built-in datasets; give a model of your own too "
                          "(--model MODULE:FUNCTION)")
-    if method != GEM and cfg.optim.gem_proxy != PROXY_LOCAL:
-        raise UsageError(f"--gem-proxy {cfg.optim.gem_proxy} is GEM's: --method {method} has "
-                         "no proxy (use --method gem)")
-    if method == GAP_AWARE and cfg.optim.gem_shift != SHIFT_OTHERS:
+    methods.check_own_options(cfg)  # another method's option would be ignored: refused
+    if record.rule == RULE_GAP and cfg.optim.gem_shift != SHIFT_OTHERS:
         raise UsageError(f"--gem-shift {cfg.optim.gem_shift} is GEM's: --method gap-aware "
                          "measures its gap against the θ each update was computed at")
-    _check_gap_aware_options(cfg)
-    _check_diloco_options(cfg)
     masters = cfg.runtime.masters
     if sync and masters != 1:
         raise UsageError(f"--masters {masters} is for the asynchronous methods: --method "
@@ -149,7 +141,7 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
                          "the asynchronous methods only")
     _check_fields(cfg)
     _check_step_options(cfg)
-    if method == GEM and cfg.optim.gem_proxy == PROXY_GLOBAL:
+    if record.rule == RULE_GEM and cfg.optim.gem_proxy == PROXY_GLOBAL:
         _check_global_decay(cfg.optim.momentum, n_workers(cfg, world_size))
     out = cfg.outputs
     if out.metrics:
@@ -178,7 +170,7 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
     if model == QUADRATIC:
         _check_quadratic_memory(cfg, world_size)
         d = cfg.data
-        _check_schedule(cfg.optim, d.max_steps or d.epochs * max(1, d.synthetic_size
+        _check_schedule(cfg, d.max_steps or d.epochs * max(1, d.synthetic_size
                                                                   // d.batch_size))
     if model != QUADRATIC:
         loss = make_loss(cfg.data.loss, model)  # a name it knows, or a function it finds
@@ -186,17 +178,6 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
             _check_data(cfg, world_size)
             if is_plugin(model):  # the user's code: build it and try one batch
                 check_user_code(cfg.data, loss, cfg.data.batch_size)
-
-
-def _check_gap_aware_options(cfg: Config) -> None:
-    """--ga-decay and --ga-eps set for another method would be silently ignored: one line."""
-    if cfg.method == GAP_AWARE:
-        return
-    for name in ("ga_decay", "ga_eps"):
-        value = getattr(cfg.optim, name)
-        if value != OptimConfig.__dataclass_fields__[name].default:
-            raise UsageError(f"--{name.replace('_', '-')} {value} is Gap-Aware's: --method "
-                             f"{cfg.method} does not use it (use --method gap-aware)")
 
 
 def _check_groups(cfg: Config, world_size: int) -> None:
@@ -215,17 +196,6 @@ def _check_groups(cfg: Config, world_size: int) -> None:
         raise UsageError(f"--group-size {g} must divide the {ranks} worker ranks (MPI ranks "
                          f"less --masters {cfg.runtime.masters}): launch e.g. "
                          f"{cfg.runtime.masters + g * max(1, ranks // g)} ranks")
-
-
-def _check_diloco_options(cfg: Config) -> None:
-    """--diloco-* set for another method would be silently ignored: one line."""
-    if cfg.method == DILOCO:
-        return
-    for name in ("diloco_steps", "diloco_outer_lr", "diloco_outer_momentum"):
-        value = getattr(cfg.optim, name)
-        if value != OptimConfig.__dataclass_fields__[name].default:
-            raise UsageError(f"--{name.replace('_', '-')} {value} is DiLoCo's: --method "
-                             f"{cfg.method} does not use it (use --method diloco)")
 
 
 def _check_global_decay(momentum: float, workers: int) -> None:
@@ -300,10 +270,9 @@ def _check_quadratic_memory(cfg: Config, world_size: int) -> None:
     """The master holds θ and one mailbox slot per worker (Δθ, κ|m| and s for GEM; Δθ and s
     with the global proxy, plus its one m)."""
     n, workers = cfg.data.quadratic_dim, n_workers(cfg, world_size)
-    global_proxy = cfg.method == GEM and cfg.optim.gem_proxy == PROXY_GLOBAL
-    master_state = global_proxy or cfg.method == GAP_AWARE  # the master's m, or its v
-    per_slot = (2 if global_proxy else 3) if cfg.method == GEM else (
-        2 if cfg.method == GAP_AWARE else 1)
+    record = methods.of(cfg.method)
+    master_state = record.master_state(cfg.optim) is not None  # the master's m, or its v
+    per_slot = len(record.payload(cfg.optim)[0])
     # θ's window, θ₀, the problem's h and c, and numpy's float64 draws of them at the start
     need = 4 * n * (workers * per_slot + 4 + master_state) + 8 * n
     total = _node_memory()
@@ -346,7 +315,7 @@ def _check_data(cfg: Config, world_size: int) -> None:
         n, what = n - d.holdout, f"{what} less --holdout {d.holdout}"
     if n // shards >= d.batch_size:
         steps = n // shards // d.batch_size * d.epochs
-        _check_schedule(cfg.optim, min(steps, d.max_steps) if d.max_steps else steps)
+        _check_schedule(cfg, min(steps, d.max_steps) if d.max_steps else steps)
         return
     if shards > 1:
         raise UsageError(f"{batch} exceeds the {n // shards} training "
@@ -426,14 +395,15 @@ def _check_step_options(cfg: Config) -> None:
                          "float32 numpy")
 
 
-def _check_schedule(optim: OptimConfig, steps: int) -> None:
-    """A warm-up or a cosine that does not fit in a worker's ``steps`` steps would end
-    before the run does, or never finish: one line instead."""
+def _check_schedule(cfg: Config, steps: int) -> None:
+    """A warm-up, a cosine or a DiLoCo round that does not fit in a worker's ``steps`` steps
+    would end before the run does, or never finish: one line instead."""
+    optim, h = cfg.optim, cfg.diloco.diloco_steps
     if optim.warmup_steps and optim.warmup_steps >= steps:
         raise UsageError(f"--warmup-steps {optim.warmup_steps} is as long as the run or longer: "
                          f"each worker takes {steps} steps")
-    if optim.method == DILOCO and optim.diloco_steps > steps:
-        raise UsageError(f"--diloco-steps {optim.diloco_steps} is longer than the run: each "
+    if optim.method == DILOCO and h > steps:
+        raise UsageError(f"--diloco-steps {h} is longer than the run: each "
                          f"worker takes {steps} steps, so no outer step would be taken")
     decay = optim.lr_decay_steps
     if optim.lr_schedule == COSINE and decay and decay <= optim.warmup_steps:
