@@ -29,12 +29,11 @@ from gem_mpi.protocol import shard_cut
 from gem_mpi.run.preflight import validate
 from gem_mpi.run.rank import (
     device_name,
-    first_plans,
     gather_placement,
     group_check,
     local_placement,
+    plans_now,
     torch_device,
-    worker_data,
 )
 from gem_mpi.run.supervisor import (
     EXIT_CODES,
@@ -117,8 +116,7 @@ def _deal(cfg: config.Config, ckpt: checkpoint.Checkpoint, m: int) -> checkpoint
     """A checkpoint of n workers continued by m: the batches its workers had not done dealt
     anew (gem_mpi.problem.elastic), recorded in the checkpoint and the metrics file."""
     n = ckpt.n_workers
-    plans = (elastic.from_array(ckpt.data_plan, n) if ckpt.data_plan is not None else
-             first_plans(worker_data(cfg), n, cfg.data.model == config.QUADRATIC))
+    plans = plans_now(cfg, n, ckpt.data_plan)
     done = [int(k) for k in ckpt.next_seq]
     dealt = elastic.redeal(plans, done, m)
     next_seq = np.array([done[w] if w < n else 0 for w in range(m)], np.int64)

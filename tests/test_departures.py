@@ -1,4 +1,4 @@
-"""A worker leaves a live run (issue 39, item 2), under real mpirun: SIGTERM to one worker
+"""A worker leaves a live run, under real mpirun: SIGTERM to one worker
 rank. It signs off once its last update is applied, exits 0 when the run ends, and the run
 finishes on the others with its budget whole: the departed worker's batches not done are
 dealt to the workers as they finish theirs. On the quadratic the run is replayed bit for

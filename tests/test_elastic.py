@@ -1,4 +1,4 @@
-"""Elastic workers under real mpirun (issue 39, item 1): a run of 4 workers stopped by
+"""Elastic workers under real mpirun: a run of 4 workers stopped by
 SIGUSR1, resumed on 2, stopped again, resumed on 6 to its end.
 
 On the quadratic the run is replayable from its log, so every asynchronous method must end

@@ -1,5 +1,5 @@
-"""``--group-size G``: G ranks of a node train as one GEM worker, synchronously inside (issue
-38), under real mpirun: a group's Δθ is the Δθ of one worker whose batch is the union of the
+"""``--group-size G``: G ranks of a node train as one GEM worker, synchronously inside,
+under real mpirun: a group's Δθ is the Δθ of one worker whose batch is the union of the
 members' parts (the synchronous-SGD identity), in every worker order; groups train a CNN; a
 stopped group resumes bit for bit; a killed member ends the job and the resume applies every
 update once; bad input is one line."""

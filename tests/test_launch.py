@@ -1,6 +1,6 @@
 """``python -m gem_mpi.launch`` under real mpirun: a job that loses a worker (SIGKILL, as an
 OOM kill or a lost node) is relaunched from its newest checkpoint on one worker fewer and
-finishes, every update of the first start's budget applied once (issue 39, item 3's restart
+finishes, every update of the first start's budget applied once (the restart
 loop; docs/RELIABILITY.md, "A lost worker")."""
 
 from __future__ import annotations

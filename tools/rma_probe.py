@@ -1,10 +1,10 @@
 """Time one worker's RMA operations on a window of rank 0 while rank 0 polls in a given way
-(issue 21: does each operation wait for rank 0's next progress call?).
+(does each operation wait for rank 0's next progress call?).
 
     mpirun -n 2 python tools/rma_probe.py MODE [lock|lockall] [allocate|alloc_shm|shared]
 
 MODE is what rank 0 does between its polls: spin (ProgressPoke without pause), sleep1ms (a
-poke, then 1 ms asleep: the master's idle back-off before issue 21), drain1ms (16 pokes,
+poke, then 1 ms asleep: the master's former idle back-off), drain1ms (16 pokes,
 then 1 ms), sleep100us, busy5ms (a poke, then 5 ms of computing), nopoke (sleep only; hangs
 where rank 0 must serve the operations). Rank 1 prints the median µs of each operation,
 each completed by a Flush: Fetch_and_op, a 64-byte Get, and Get/Put of 655 kB (the paper's

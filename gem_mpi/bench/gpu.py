@@ -49,7 +49,7 @@ MODEL = "gem_mpi.bench.gpu:resnet18"
 DATASET = "gem_mpi.bench.gpu:images"
 _SIDE = "GEM_MPI_GPU_CHECK_SIDE"  # the images' side, from --image-size
 SHOWN = ("compute", "load", "payload", "commit", "wait", "backoff", "pull")
-# issue 37: the GPU-busy share each worker should reach with the best order (a verdict
+# the GPU-busy share each worker should reach with the best order (a verdict
 # printed beside the rows, not a failure of the check)
 GPU_FLOOR = 0.85
 MPS_CONTROL = "nvidia-cuda-mps-control"

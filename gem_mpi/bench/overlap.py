@@ -1,6 +1,6 @@
 """Communication beside the compute: a worker's steps/s against its compute alone.
 
-A CPU stand-in for an accelerator (issue 37): each worker's compute is ``--step-ms``
+A CPU stand-in for an accelerator: each worker's compute is ``--step-ms``
 milliseconds spent inside a call that releases the GIL, as a queued GPU step does. The model,
 named to ``gem_mpi.train`` as a user's (``gem_mpi.bench.overlap:model``), is one float32
 tensor of ``--params`` elements whose forward sleeps that long (``time.sleep`` releases the

@@ -17,7 +17,7 @@ import numpy as np
 from gem_mpi import methods
 from gem_mpi.algorithm.kernel import GapStats, GemStats, Kernel, kernel_threads, node_cores_left
 from gem_mpi.algorithm.rule import MasterRule
-from gem_mpi.config import LOSS_CONTINUE, QUADRATIC, Config
+from gem_mpi.config import LOSS_CONTINUE, Config
 from gem_mpi.engine.roster import Dealer, Roster
 from gem_mpi.engine.shards import Lead, Plan
 from gem_mpi.errors import OutputError
@@ -43,7 +43,7 @@ from gem_mpi.protocol import (
     State,
     update_payload,
 )
-from gem_mpi.run.rank import Placement, RankPlace, first_plans, placement_line, worker_data
+from gem_mpi.run.rank import Placement, RankPlace, placement_line, plans_now
 from gem_mpi.run.supervisor import (
     EXIT_CODES,
     SHUTDOWN,
@@ -148,10 +148,7 @@ class Master:
 
     def _plans(self) -> list[elastic.Plan]:
         """The workers' plans now: as the checkpoint resumed dealt them, else each its own."""
-        if self.sup.data_plan is not None:
-            return elastic.from_array(self.sup.data_plan, self.n_workers)
-        return first_plans(worker_data(self.cfg), self.n_workers,
-                           self.cfg.data.model == QUADRATIC)
+        return plans_now(self.cfg, self.n_workers, self.sup.data_plan)
 
     def _give(self, worker: int, runs: elastic.Plan, length: int) -> None:
         """Deal ``runs`` to ``worker``: the followers learn it first (they must not count

@@ -1,5 +1,5 @@
 """Which workers still train, as a master sees them sign off, and, on rank 0, where a
-departed worker's batches go (issue 39: a worker may leave a live run).
+departed worker's batches go (a worker may leave a live run).
 
 A worker signs off with DONE once its plan (:mod:`gem_mpi.problem.elastic`) is trained, or
 with LEFT when it got SIGTERM; either message's ``seq`` counts its updates, every one

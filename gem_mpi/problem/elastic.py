@@ -1,5 +1,5 @@
 """Each worker's data as a list of batches, and how a resume on another number of workers
-deals them anew (issue 39: elastic workers).
+deals them anew (elastic workers).
 
 The run's data is fixed at its first start, by its n₀ workers: *source* s (1..n₀) is the
 stream worker s reads today (its own shuffle, and with ``--shard`` the samples i mod n₀ =
@@ -140,7 +140,7 @@ def take(rests: dict[int, Plan], count: int, max_runs: int) -> tuple[Plan, dict[
     """Up to ``count`` batches of the departed workers' batches not yet done nor dealt
     (``rests``: worker -> those batches, in its plan's order), the earliest epoch first, in
     at most ``max_runs`` runs; returns them and what is left of ``rests``. A live run's
-    departure deals them to the workers that finished their own (issue 39, item 2)."""
+    departure deals them to the workers that finished their own."""
     left = {w: list(plan) for w, plan in rests.items() if plan}
     out: Plan = []
     while count > 0 and left and len(out) < max_runs:

@@ -8,8 +8,9 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
-from gem_mpi.config import Config, DataConfig, straggler, synchronous
+from gem_mpi.config import QUADRATIC, Config, DataConfig, straggler, synchronous
 from gem_mpi.transport import MPI
 
 
@@ -196,6 +197,21 @@ def first_plans(data: DataConfig, sources: int, quadratic: bool) -> list:
     return [source_plan(s, sources, steps_per_epoch(split, data.batch_size, (s - 1, sources)
                                                     if data.shard else None),
                         data.epochs, data.max_steps) for s in range(1, sources + 1)]
+
+
+def plans_now(cfg: Config, n: int, dealt: Any) -> list:
+    """The ``n`` workers' plans now: as a resume dealt them (a checkpoint's ``data_plan``),
+    else each its own stream whole: the one answer to "its dealt plan, else its own"."""
+    from gem_mpi.problem.elastic import from_array
+
+    if dealt is not None:
+        return from_array(dealt, n)
+    return first_plans(worker_data(cfg), n, cfg.data.model == QUADRATIC)
+
+
+def own_plan(data: DataConfig, n: int, worker: int, plan: list | None) -> list:
+    """Torch worker ``worker``'s plan: the one dealt to it, else its own stream whole."""
+    return plan if plan is not None else first_plans(data, n, False)[worker - 1]
 
 
 def slowness(cfg: Config, world_size: int, worker: int) -> float:

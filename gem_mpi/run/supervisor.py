@@ -89,7 +89,7 @@ class StopFlag:
         self.signals.add(signum)
 
     def terminated(self) -> bool:
-        """SIGTERM reached this process: an asynchronous worker leaves the run (issue 39)."""
+        """SIGTERM reached this process: an asynchronous worker leaves the run."""
         return signal.SIGTERM in self.signals
 
     def __bool__(self) -> bool:

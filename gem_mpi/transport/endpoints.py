@@ -110,7 +110,7 @@ class MasterEndpoint(_Endpoint):
 
     # rank 0's longest sleep while idle: on stacks whose RMA rank 0 serves in its progress
     # engine (MPICH 4.0, Open MPI's osc pt2pt and ucx) every worker operation waits up to
-    # this long (1 ms before issue 21: MPICH 72 against 104 upd/s with 200 µs, docs/
+    # this long (with 1 ms MPICH made 72 against 104 upd/s with 200 µs: docs/
     # PERFORMANCE.md, "MPICH")
     IDLE_LIMIT = 200e-6
 

@@ -304,7 +304,7 @@ class Roll(_Window):
 
 class Orders(_Window):
     """Rank 0's orders to workers that have done their batches: more batches to train (a
-    departed worker's, issue 39). One record a worker: a serial number, a count, then up to
+    departed worker's). One record a worker: a serial number, a count, then up to
     ``RUNS`` runs of ``RUN_WORDS`` int64 (:mod:`gem_mpi.problem.elastic`'s runs). Rank 0
     writes a worker's record only while that worker waits for it (after its DONE, before it
     trains again), the runs first and the serial last; the worker reads the serial with an
