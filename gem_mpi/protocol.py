@@ -229,11 +229,12 @@ class ShardState:
         """The engine's fields of a checkpoint from every shard's part, in shard order: θ,
         s and m concatenated, each shard's clock and tickets kept (the lead's are the run's)."""
         lead = parts[0]
-        kept, proxy_m = [p.kept_s for p in parts], [p.proxy_m for p in parts]
+        kept = [p.kept_s for p in parts if p.kept_s is not None]
+        proxy_m = [p.proxy_m for p in parts if p.proxy_m is not None]
         return {"theta": np.concatenate([p.theta for p in parts]), "clock": lead.clock,
                 "tickets": lead.tickets, "next_seq": lead.next_seq,
-                "kept_s": None if kept[0] is None else np.concatenate(kept, axis=1),
-                "proxy_m": None if proxy_m[0] is None else np.concatenate(proxy_m),
+                "kept_s": np.concatenate(kept, axis=1) if kept else None,
+                "proxy_m": np.concatenate(proxy_m) if proxy_m else None,
                 "shard_clock": np.array([p.clock for p in parts], np.int64),
                 "shard_tickets": np.array([p.tickets for p in parts], np.int64)}
 

@@ -31,6 +31,12 @@ export GEM_MPI_NO_SKIPS="${GEM_MPI_NO_SKIPS:-1}"
   echo "test.sh: ruff check failed" >&2
   exit 1
 }
+# The typed core (pyproject.toml [tool.mypy] files): its declared protocols and records checked
+"$(dirname "$GEM_MPI_PY")/mypy" >/dev/null || {
+  "$(dirname "$GEM_MPI_PY")/mypy" | tail -n 40 >&2
+  echo "test.sh: mypy found type errors (pyproject.toml [tool.mypy])" >&2
+  exit 1
+}
 
 # With no file arguments pytest runs the testpaths of pyproject.toml (tests/); with some
 # (tools/test.sh tests/test_kernel.py) it runs just those.

@@ -109,6 +109,7 @@ class Checkpoint:
         """Master ``k``'s part of a sharded run's checkpoint: θ, s and m sliced to its
         elements ``bounds``, its own clock and tickets; the rest as it is."""
         lo, hi = bounds
+        assert self.shard_clock is not None and self.shard_tickets is not None, "not sharded"
         return dataclasses.replace(
             self, theta=self.theta[lo:hi].copy(), clock=int(self.shard_clock[k]),
             tickets=int(self.shard_tickets[k]),
@@ -123,7 +124,7 @@ _INTS = ("clock", "rows_updates", "rows_eval", "rows_rejected", "n_workers")
 
 
 def _sha256(a: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).reshape(-1)).hexdigest()
+    return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).reshape(-1).data).hexdigest()
 
 
 def _write(tmp: str, ckpt: Checkpoint) -> None:
@@ -203,9 +204,9 @@ def load_worker_momentum(directory: str, rank: int, start_seq: int,
 
 def latest(directory: str) -> str | None:
     """The newest complete checkpoint in a directory (temporary files never count)."""
-    found = [p for p in glob.glob(os.path.join(directory, "checkpoint_*.h5"))
-             if _PATTERN.search(p)]
-    return max(found, key=lambda p: int(_PATTERN.search(p).group(1))) if found else None
+    found = {int(m.group(1)): p for p in glob.glob(os.path.join(directory, "checkpoint_*.h5"))
+             if (m := _PATTERN.search(p))}
+    return found[max(found)] if found else None
 
 
 def load(path: str) -> Checkpoint:
@@ -280,10 +281,10 @@ def resize(ckpt: Checkpoint, next_seq: np.ndarray, data_plan: np.ndarray) -> Che
     (it sends its s with its first update). The rest (θ, the clock, tickets, the master's m
     or v, the rows) is the run's, whatever its workers."""
     m, keep = len(next_seq), min(len(next_seq), ckpt.n_workers)
-    kept = ckpt.kept_s
-    if kept is not None:
-        kept = np.zeros((m, kept.shape[1]), kept.dtype)
-        kept[:keep] = ckpt.kept_s[:keep]
+    kept, before = None, ckpt.kept_s
+    if before is not None:
+        kept = np.zeros((m, before.shape[1]), before.dtype)
+        kept[:keep] = before[:keep]
     return dataclasses.replace(ckpt, n_workers=m, next_seq=np.asarray(next_seq, np.int64),
                                kept_s=kept, data_plan=np.asarray(data_plan, np.int64))
 

@@ -8,15 +8,19 @@ workers pull it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gem_mpi.config import QUADRATIC, DataConfig, is_plugin
 from gem_mpi.errors import OutputError
 from gem_mpi.outputs.files import atomic_write, os_reason
-from gem_mpi.problem.loss import make_loss
+from gem_mpi.problem.loss import Loss, make_loss
 from gem_mpi.problem.quadratic import Quadratic
 from gem_mpi.problem.user import build_model as build_users_model
+
+if TYPE_CHECKING:  # torch is imported where a model is built, never on import
+    import torch
 
 
 @dataclass
@@ -24,9 +28,9 @@ class Problem:
     names: list[str]
     sizes: list[int]
     theta0: np.ndarray | None
-    model: object | None = None  # torch.nn.Module for torch models
+    model: torch.nn.Module | None = None  # for torch models
     quadratic: Quadratic | None = None
-    loss: object | None = None  # problem.loss.Loss for torch models: what workers minimise
+    loss: Loss | None = None  # for torch models: what workers minimise
 
     @property
     def n_params(self) -> int:
@@ -60,7 +64,7 @@ def build_problem(data: DataConfig, with_theta0: bool) -> Problem:
     return Problem(names, sizes, theta0, model=model, loss=make_loss(data.loss, data.model))
 
 
-def unflatten(flat: object, params: list) -> list:
+def unflatten(flat: torch.Tensor, params: list) -> list:
     """Views of a flat torch tensor shaped like each parameter, in θ's order: the one
     mapping between θ and a model's parameters."""
     views, offset = [], 0
@@ -79,7 +83,7 @@ def flatten(tensors: list) -> np.ndarray:
         return torch.cat([t.detach().reshape(-1) for t in tensors]).float().cpu().numpy()
 
 
-def load_theta(model: object, theta: np.ndarray) -> None:
+def load_theta(model: torch.nn.Module, theta: np.ndarray) -> None:
     """Copy a flat float32 θ into a torch model's parameters."""
     import torch
 
@@ -89,7 +93,7 @@ def load_theta(model: object, theta: np.ndarray) -> None:
             p.copy_(view)
 
 
-def save_final(model: object | None, theta: np.ndarray, path: str) -> None:
+def save_final(model: torch.nn.Module | None, theta: np.ndarray, path: str) -> None:
     """--save: a torch model's state_dict (θ loaded into it), or θ as .npy for the quadratic;
     atomically, so a failed write leaves no partial file."""
     def write(tmp: str) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from gem_mpi.config import DataConfig, MonitorConfig
+from gem_mpi.outputs.metrics import MetricsWriter
 from gem_mpi.problem import Problem, load_theta
 
 
@@ -29,7 +30,7 @@ class Evaluator:
         self.problem = problem
         self.threads = threads  # torch threads of the evaluation (None: leave torch's)
         self.noun = noun
-        self.metrics = None
+        self.metrics: MetricsWriter | None = None  # the supervisor's, once it has one
         self.last: tuple = (-1, float("nan"), float("nan"))  # (clock, loss, accuracy)
         self._jobs: queue.Queue = queue.Queue(maxsize=1)
         self._results: queue.Queue = queue.Queue()
@@ -54,15 +55,17 @@ class Evaluator:
         from gem_mpi.problem.data import iterate_batches, statistics_batches
         from gem_mpi.problem.models import evaluate, recompute_batch_norm
 
-        load_theta(self.problem.model, theta)
+        model = self.problem.model
+        assert model is not None, "a torch problem has its model"
+        load_theta(model, theta)
         if self.monitor.bn_batches:  # BatchNorm statistics of this θ (none: nothing done)
-            recompute_batch_norm(self.problem.model,
+            recompute_batch_norm(model,
                                  statistics_batches(self.data, self.monitor.bn_batches),
                                  self.device)
         batches = iterate_batches(
             self.split, self.monitor.eval_batch_size, 1, 0, shuffle=False, drop_last=False
         )
-        return evaluate(self.problem.model, batches, self.device, self.problem.loss)
+        return evaluate(model, batches, self.device, self.problem.loss)
 
     def submit(self, theta: np.ndarray, clock: int, t: float) -> bool:
         """Queue a snapshot unless an evaluation is still running (then skip this one)."""

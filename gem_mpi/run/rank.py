@@ -44,7 +44,7 @@ def group_check(comm: MPI.Intracomm, masters: int, size: int) -> str | None:
         node.Free()
     nodes = comm.gather(lowest, root=0)
     error = None
-    if comm.Get_rank() == 0:
+    if nodes is not None:  # rank 0
         for first in range(masters, comm.Get_size(), size):
             if len(set(nodes[first:first + size])) > 1:
                 error = (f"--group-size {size}: the group of ranks {first}-{first + size - 1} "

@@ -236,12 +236,13 @@ class _MetricsRows:
     def __init__(self, metrics: MetricsWriter | None) -> None:
         self.metrics = metrics
 
-    def state(self) -> dict[str, int]:
+    def state(self) -> dict[str, Any]:
         if self.metrics is None:
             return {"rows_updates": 0, "rows_eval": 0, "rows_rejected": 0}
         self.metrics.flush(check_space=False)  # into the low-space margin if need be
         rows = self.metrics.rows()
-        out = {"rows_updates": rows[0], "rows_eval": rows[1], "rows_rejected": rows[2]}
+        out: dict[str, Any] = {"rows_updates": rows[0], "rows_eval": rows[1],
+                               "rows_rejected": rows[2]}
         if self.metrics.shard_tables:  # --masters K > 1: the rows of shards 1..K-1
             out["rows_shards"] = np.array(self.metrics.shard_rows(), np.int64)
         return out
@@ -270,7 +271,7 @@ class RunSupervisor:
                                    threads=eval_threads)
         # the run's id: drawn at its first start, kept by its checkpoints and metrics file
         self.run_id = run_id or (resumed.run_id if resumed else uuid.uuid4().hex)
-        self.metrics = None
+        self.metrics: MetricsWriter | None = None
         if self.outputs.metrics:
             rows, log, shard_rows = None, None, None
             if resumed:
@@ -329,29 +330,26 @@ class RunSupervisor:
         """Whether rows are written (a metrics file, not failed): build them only then."""
         return self.metrics is not None and self._failure is None
 
-    def record_update(self, row: dict) -> None:
-        """One applied update or step; a failed write ends the run at the next check."""
-        if self.recording:
+    def _write(self, add: Callable[[MetricsWriter], None]) -> None:
+        """One row through ``add`` while recording; a failed write ends the run at the next
+        check."""
+        if self.metrics is not None and self._failure is None:
             try:
-                self.metrics.add_update(row)
+                add(self.metrics)
             except OutputError as exc:
                 self._failure = str(exc)
+
+    def record_update(self, row: dict) -> None:
+        """One applied update or step."""
+        self._write(lambda m: m.add_update(row))
 
     def record_shard_update(self, shard: int, row: dict) -> None:
         """One update as shard ``shard`` (1..K-1 of --masters K) applied it, in its order."""
-        if self.recording:
-            try:
-                self.metrics.add_shard_update(shard, row)
-            except OutputError as exc:
-                self._failure = str(exc)
+        self._write(lambda m: m.add_shard_update(shard, row))
 
     def record_rejected(self, row: dict) -> None:
         """One rejected update (NaN or Inf, θ untouched)."""
-        if self.recording:
-            try:
-                self.metrics.add_rejected(row)
-            except OutputError as exc:
-                self._failure = str(exc)
+        self._write(lambda m: m.add_rejected(row))
 
     def heard(self, worker: int, finished: bool = False) -> None:
         """Worker ``worker`` (1..n) sent a message; ``finished``: its last one."""

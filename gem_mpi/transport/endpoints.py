@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
@@ -289,7 +290,7 @@ def shard_comm(comm: MPI.Intracomm, masters: int, shard: int) -> MPI.Intracomm:
     group = comm.Get_group()
     members = group.Incl([shard, *range(masters, comm.Get_size())])
     try:
-        return comm.Create(members)
+        return cast(MPI.Intracomm, comm.Create(members))  # an Intracomm's is one too
     finally:
         members.Free()
         group.Free()

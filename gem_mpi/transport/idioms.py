@@ -34,6 +34,7 @@ acknowledgement.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
@@ -78,7 +79,9 @@ class _Window:
                  first_touch: Callable[[np.ndarray], None] | None = None) -> None:
         self.is_master = comm.Get_rank() == MASTER
         self.win = MPI.Win.Allocate(nbytes if self.is_master else 0, disp_unit, comm=comm)
-        self.memory = (np.frombuffer(self.win.tomemory(), dtype=np.uint8) if self.is_master
+        # mpi4py's buffer has the buffer protocol, which its stubs do not declare
+        self.memory = (np.frombuffer(self.win.tomemory(), dtype=np.uint8)  # type: ignore[call-overload]
+                       if self.is_master
                        else np.zeros(0, np.uint8))
         if self.is_master and first_touch is not None:
             first_touch(self.memory)  # zeroes all of it, in its own way
@@ -173,11 +176,12 @@ class VersionedArray(_Window):
         self.nbytes = HEADER_BYTES + 4 * n
         self.hold_s = hold_s
 
-        def first_touch(memory: np.ndarray) -> None:
+        def first_touch(memory: np.ndarray, zero: Zero) -> None:
             zero(memory[HEADER_BYTES:].view(np.float32))  # θ, by the kernel's threads
             memory[:HEADER_BYTES] = 0
 
-        super().__init__(comm, self.nbytes, 1, first_touch if zero is not None else None)
+        super().__init__(comm, self.nbytes, 1, None if zero is None else
+                         functools.partial(first_touch, zero=zero))
         self._header = np.zeros(HEADER_BYTES // 8, np.int64)
         if self.is_master:
             self._words = self.memory[:HEADER_BYTES].view(np.int64)
@@ -391,7 +395,7 @@ class Mailbox:
         self._flags = _Window(comm, 8 * n_slots, 8)  # int64 cells, one per slot
         streams = payload_floats // stream if zero is not None and stream > 0 else 0
 
-        def first_touch(memory: np.ndarray) -> None:
+        def first_touch(memory: np.ndarray, zero: Zero) -> None:
             slots = memory.reshape(n_slots, self.slot_bytes)
             for slot in slots:
                 for k in range(streams):
@@ -400,8 +404,8 @@ class Mailbox:
             slots[:, :HEADER_BYTES] = 0
             slots[:, HEADER_BYTES + 4 * streams * stream:] = 0  # a DONE's tail, the padding
 
-        self._slots = _Window(comm, self.slot_bytes * n_slots, 1,
-                              first_touch if streams else None)
+        self._slots = _Window(comm, self.slot_bytes * n_slots, 1, None if zero is None or not
+                              streams else functools.partial(first_touch, zero=zero))
         self._one = np.zeros(1, np.int64)
         self._result = np.zeros(1, np.int64)
         self._wait = rma_backoff()
