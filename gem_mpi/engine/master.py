@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,11 +98,13 @@ class Master:
 
     def __init__(self, cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
                  kernel: Kernel, resumed: checkpoint.Checkpoint | None = None,
-                 eval_threads: int | None = None, role: Role | None = None) -> None:
+                 eval_threads: int | None = None, role: Role | None = None,
+                 endpoint: Callable[..., MasterEndpoint] = MasterEndpoint) -> None:
         """``role``: with --masters K > 1, this master's shard (``resumed`` then holds this
         shard's θ, clock, tickets and kept s, the rest as the checkpoint has it). θ, its
         version and the tickets of ``resumed`` go to the windows; the supervisor given to
-        :meth:`attach` restores the rest (:meth:`load_state`)."""
+        :meth:`attach` restores the rest (:meth:`load_state`). ``endpoint``: what opens
+        rank 0's windows (the tests' in-memory one runs this engine in one process)."""
         self.n_workers = layout.n_workers
         self.clock = 0
         self.next_seq = np.zeros(self.n_workers, np.int64)
@@ -111,7 +114,7 @@ class Master:
         self.n_tensors = len(problem.sizes)
         # a resumed θ, its version and the ticket count go to the windows as they open (a
         # worker pulls at once); load_state restores the rest
-        self.ep = MasterEndpoint(comm, layout,
+        self.ep = endpoint(comm, layout,
                                  resumed.theta if resumed else problem.theta0[lo:hi],
                                  version0=resumed.clock if resumed else 0,
                                  ticket0=resumed.tickets if resumed else 0,
