@@ -23,8 +23,6 @@ from gem_mpi.transport.polling import Backoff
 class _NoProgress:
     """One process: nothing to make progress on."""
 
-    lost: set[int] = set()
-
     def once(self) -> None:
         pass
 

@@ -46,7 +46,7 @@ def _workers(board: MemoryWindows, cfg: config.Config, q, errors: list) -> None:
                 board.wait_applied(w)
         for w in range(1, WORKERS + 1):
             board.done(w, STEPS)
-    except Exception as exc:  # seen by the test, not lost in the thread
+    except Exception as exc:  # noqa: BLE001 (seen by the test, not lost in the thread)
         errors.append(exc)
 
 
