@@ -1,0 +1,43 @@
+"""Bad input that rank 0 decides before any window exists, checked in-process: each is one
+UsageError line from ``validate``. That such a line reaches the user as one line from rank 0
+and exit 2 on every rank is held by one mpirun job per engine (tests/test_ddp.py,
+test_diloco.py, test_groups.py) and by tests/test_cli.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gem_mpi import config
+from gem_mpi.errors import UsageError
+from gem_mpi.run.preflight import validate
+
+USER_CODE = Path(__file__).resolve().parents[1] / "user_code"
+QUADRATIC = ("--model", "quadratic", "--dataset", "synthetic")
+
+
+@pytest.mark.parametrize("ranks, argv, says", [
+    (2, ("--method", "ddp", *QUADRATIC), "--method ddp trains torch models"),
+    (2, ("--method", "ddp", "--worker-mode", "overlap"), "--method ddp has no master"),
+    (2, ("--method", "ddp", "--wire", "bf16"), "--method ddp averages gradients"),
+    (2, ("--method", "diloco", *QUADRATIC), "--method diloco trains torch models"),
+    (2, ("--method", "diloco", "--worker-mode", "overlap"), "--method diloco has no master"),
+    (2, ("--method", "gem", "--diloco-steps", "5"), "--diloco-steps 5 is DiLoCo's"),
+    (2, ("--method", "sync", "--diloco-outer-lr", "0.5"), "--diloco-outer-lr 0.5 is DiLoCo's"),
+    (2, ("--method", "diloco", "--diloco-steps", "50", "--max-steps", "20"),
+     "--diloco-steps 50 is longer than the run"),
+    (2, ("--method", "diloco", "--diloco-outer-momentum", "1"), "--diloco-outer-momentum"),
+    (4, ("--group-size", "2"), "--group-size 2 must divide the 3 worker ranks"),
+    (4, ("--group-size", "2", "--method", "ddp"), "--method ddp is synchronous"),
+    (5, ("--group-size", "2", *QUADRATIC), "--model quadratic has none"),
+    (3, ("--group-size", "2", "--model", "plugins:mlp", "--dataset", "plugins:blobs",
+         "--loss", "cross_entropy", "--batch-size", "400"),
+     "--batch-size 400 × --group-size 2 exceeds the 600 training samples"),
+])
+def test_bad_input_is_one_line_from_the_preflight(monkeypatch, ranks, argv, says):
+    monkeypatch.syspath_prepend(str(USER_CODE))
+    cfg, _ = config.parse(list(argv))
+    with pytest.raises(UsageError) as err:
+        validate(cfg, ranks)
+    assert says in str(err.value) and "\n" not in str(err.value)
