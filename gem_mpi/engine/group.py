@@ -22,8 +22,9 @@ from __future__ import annotations
 import datetime
 import time
 
-from gem_mpi.config import AMP_BF16, Config
+from gem_mpi.config import Config
 from gem_mpi.problem import Problem
+from gem_mpi.run.local_step import LocalStep
 from gem_mpi.run.rank import (
     Placement,
     data_stream,
@@ -132,19 +133,11 @@ def run_member(cfg: Config, group: Group, problem: Problem, placement: Placement
     import torch
 
     device = torch_device(cfg.runtime.threads, placement)
-    model = problem.model.to(device)
-    model.train()
-    params = list(model.parameters())
+    local = LocalStep(cfg.optim, problem, device)
     flat = torch.zeros(problem.n_params, dtype=torch.float32, device=device)
     grad = torch.zeros_like(flat)
-    offset = 0
-    for p in params:  # the parameters and their gradients: views of two flat buffers
-        n = p.numel()
-        p.data = flat[offset:offset + n].view_as(p)
-        p.grad = grad[offset:offset + n].view_as(p)
-        offset += n
-    loss_fn = problem.loss.mean
-    amp = torch.bfloat16 if cfg.optim.amp == AMP_BF16 else None
+    local.bind(flat)  # the parameters and their gradients: views of two flat buffers
+    local.bind_grads(grad)
     data = worker_data(cfg)
     _, batches = data_stream(data, worker, n_workers, start_seq, plan)
     # dropout masks of its own: a number no worker of the run has, fixed per (group, member)
@@ -169,10 +162,7 @@ def run_member(cfg: Config, group: Group, problem: Problem, placement: Placement
             x, y = group.part(*next(batches))
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             grad.zero_()
-            with torch.autocast(device.type, dtype=amp or torch.float32,
-                                enabled=amp is not None):
-                loss = loss_fn(model(x), y)
-            loss.backward()
+            local.forward_backward(x, y)
             group.average(grad)
     finally:
         batches.close()
