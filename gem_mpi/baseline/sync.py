@@ -32,10 +32,11 @@ import numpy as np
 
 from gem_mpi.algorithm.stepsize import Schedule
 from gem_mpi.baseline.diloco import Diloco, check_diloco
-from gem_mpi.config import AMP_BF16, DDP, DILOCO, SYNC, Config
+from gem_mpi.config import DDP, DILOCO, SYNC, Config
 from gem_mpi.errors import GemError, UsageError
 from gem_mpi.outputs.checkpoint import Checkpoint
 from gem_mpi.problem import Problem, build_problem, flatten, load_theta, unflatten
+from gem_mpi.run.local_step import LocalStep
 from gem_mpi.run.monitor import LossWatch
 from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
 from gem_mpi.run.supervisor import FINISHED, Outcome, RunSupervisor, StopFlag, Verdict, say
@@ -249,14 +250,12 @@ class SyncTrainer:
         self.device = torch_device(cfg.runtime.threads, placement)
         self.face: Face = _FACES[cfg.method][1](cfg, comm, self.device)
         self.every = self.face.every  # steps between two exchanges
-        self.model = problem.model.to(self.device)
-        self.loss = problem.loss.mean
-        self.model.train()
-        self.params = list(self.model.parameters())
+        self.local = LocalStep(cfg.optim, problem, self.device)
+        self.model, self.params = self.local.model, self.local.params
         opt = torch.optim.SGD(self.params, lr=cfg.optim.lr, momentum=cfg.optim.momentum)
         if theta is not None:
             load_theta(self.model, theta)
-        self.net, self.opt = self.face.wrap(self.model, opt)
+        self.local.net, self.opt = self.face.wrap(self.model, opt)
         outer = self.face.outer_state
         if momentum is not None:
             self._set_momentum(self.opt.state if outer is None else outer, momentum)
@@ -268,8 +267,6 @@ class SyncTrainer:
         self.budget = self.steps
         self.steps -= self.steps % self.every  # DiLoCo: whole rounds (the start-up line says so)
         self.schedule = Schedule.of(cfg.optim, self.steps)  # η per step, as the workers'
-        self.clip_norm = cfg.optim.clip_grad_norm
-        self.amp = torch.bfloat16 if cfg.optim.amp == AMP_BF16 else None
         self.slow_factor = slowness(cfg, self.n_workers, self.worker)
 
     def _set_momentum(self, state: dict, flat: np.ndarray) -> None:
@@ -282,7 +279,6 @@ class SyncTrainer:
         """One synchronous step: (this worker's loss, its compute seconds, seconds waited for
         the averaged gradient)."""
         t0 = time.perf_counter()
-        torch = self.torch
         step = self.step_count
         seed_dropout(self.seed, self.worker, step)
         self.step_count += 1
@@ -292,12 +288,9 @@ class SyncTrainer:
         x, y = next(self.batches)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.opt.zero_grad()
-        with torch.autocast(self.device.type, dtype=self.amp or torch.float32,
-                            enabled=self.amp is not None):
-            loss = self.loss(self.net(x), y)
-        # the allreduces start here, tensor by tensor (Horovod) or bucket by bucket (DDP,
-        # whose backward returns once they are done: its wait counts in compute)
-        loss.backward()
+        # the allreduces start in the backward, tensor by tensor (Horovod) or bucket by bucket
+        # (DDP, whose backward returns once they are done: its wait counts in compute)
+        loss = self.local.forward_backward(x, y)
         value = float(loss.detach())
         compute_s = time.perf_counter() - t0
         if self.slow_factor > 1.0:  # --straggler: this worker takes FACTOR times as long
@@ -305,8 +298,7 @@ class SyncTrainer:
             compute_s *= self.slow_factor
         t1 = time.perf_counter()
         # the averaged gradient is clipped, as the workers clip theirs
-        clip = (None if self.clip_norm <= 0 else
-                lambda: torch.nn.utils.clip_grad_norm_(self.params, self.clip_norm))
+        clip = None if self.local.clip_norm <= 0 else self.local.clip
         self.face.step(self.opt, clip)  # waits for every worker's gradient, averaged
         return value, compute_s, time.perf_counter() - t1
 

@@ -22,12 +22,13 @@ from __future__ import annotations
 import datetime
 import time
 
-from gem_mpi.config import AMP_BF16, Config
+from gem_mpi.config import Config
 from gem_mpi.problem import Problem
+from gem_mpi.run.local_step import LocalStep
 from gem_mpi.run.rank import (
     Placement,
     data_stream,
-    first_plans,
+    own_plan,
     seed_dropout,
     torch_device,
     worker_data,
@@ -132,19 +133,11 @@ def run_member(cfg: Config, group: Group, problem: Problem, placement: Placement
     import torch
 
     device = torch_device(cfg.runtime.threads, placement)
-    model = problem.model.to(device)
-    model.train()
-    params = list(model.parameters())
+    local = LocalStep(cfg.optim, problem, device)
     flat = torch.zeros(problem.n_params, dtype=torch.float32, device=device)
     grad = torch.zeros_like(flat)
-    offset = 0
-    for p in params:  # the parameters and their gradients: views of two flat buffers
-        n = p.numel()
-        p.data = flat[offset:offset + n].view_as(p)
-        p.grad = grad[offset:offset + n].view_as(p)
-        offset += n
-    loss_fn = problem.loss.mean
-    amp = torch.bfloat16 if cfg.optim.amp == AMP_BF16 else None
+    local.bind(flat)  # the parameters and their gradients: views of two flat buffers
+    local.bind_grads(grad)
     data = worker_data(cfg)
     _, batches = data_stream(data, worker, n_workers, start_seq, plan)
     # dropout masks of its own: a number no worker of the run has, fixed per (group, member)
@@ -156,8 +149,7 @@ def run_member(cfg: Config, group: Group, problem: Problem, placement: Placement
             if seq == _END:
                 return code
             if seq == _MORE:  # the group's stream goes on with the batches dealt to it
-                plan = (plan if plan is not None else
-                        first_plans(data, n_workers, False)[worker - 1]) + group.more
+                plan = own_plan(data, n_workers, worker, plan) + group.more
                 batches.close()
                 _, batches = data_stream(data, worker, n_workers, expect, plan)
                 continue
@@ -169,10 +161,7 @@ def run_member(cfg: Config, group: Group, problem: Problem, placement: Placement
             x, y = group.part(*next(batches))
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             grad.zero_()
-            with torch.autocast(device.type, dtype=amp or torch.float32,
-                                enabled=amp is not None):
-                loss = loss_fn(model(x), y)
-            loss.backward()
+            local.forward_backward(x, y)
             group.average(grad)
     finally:
         batches.close()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gem_mpi.config import Config
-from gem_mpi.engine.worker import _TorchSteps
+from gem_mpi.engine.steps import TorchSteps
 from gem_mpi.problem import build_problem
 from gem_mpi.run.rank import Placement
 
@@ -23,9 +23,9 @@ def test_overlapped_steps_equal_the_plain_ones(schedule):
     place = Placement(0, 1)
     problem = build_problem(cfg.data, with_theta0=True)
     theta0 = problem.theta0.astype(np.float32)
-    plain = _TorchSteps(cfg, build_problem(cfg.data, with_theta0=False), 1, 1, place)
-    turns = _TorchSteps(cfg, build_problem(cfg.data, with_theta0=False), 1, 1, place,
-                        overlapped=True)
+    plain = TorchSteps(cfg, build_problem(cfg.data, with_theta0=False), 1, 1, place)
+    turns = TorchSteps(cfg, build_problem(cfg.data, with_theta0=False), 1, 1, place,
+                       overlapped=True)
     thetas = [theta0.copy() for _ in range(3)]  # the overlap order's three θ buffers
     rng = np.random.default_rng(0)
     pending = None

@@ -1,0 +1,242 @@
+"""A worker's steps: Δθ = −η∇L(s) at the θ it pulled, for the numpy quadratic (the invariant
+tests') or a torch model, behind one interface (:class:`Steps`), so that the worker's loop
+and orders never ask which kind they hold."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Protocol
+
+import numpy as np
+
+from gem_mpi.algorithm.stepsize import Schedule, clip
+from gem_mpi.config import Config, DataConfig, OptimConfig
+from gem_mpi.engine.batches import WorkerBatches
+from gem_mpi.engine.buffers import DeltaTurns, HostCopies
+from gem_mpi.engine.group import Group
+from gem_mpi.problem import Problem
+from gem_mpi.problem.elastic import length
+from gem_mpi.run.local_step import LocalStep
+from gem_mpi.run.rank import Placement, torch_device
+
+
+class Steps(Protocol):
+    """What the worker needs of its steps. ``steps``: the batches of its plan (more once
+    dealt more); ``load_s``, ``gpu_s``: the time split's columns they measure; ``group``:
+    the worker group it leads (--group-size), if any."""
+
+    device: object
+    load_s: float
+    gpu_s: float
+    pull_buffers: list[np.ndarray]  # where its pulls land (the overlap's three θ), if its own
+    group: Group | None
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def pull_buffer(self) -> np.ndarray | None:
+        """Where its pulls land; None: the endpoint's own buffer."""
+
+    @property
+    def delta_on_device(self) -> object:
+        """The last step's Δθ where GEM's m lives; None: on the host, with Δθ."""
+
+    def momentum_like(self) -> object:
+        """An array of θ's size where GEM's m is to live (the rule makes m like it)."""
+
+    def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray | None, float]:
+        """Step ``seq`` at ``theta``: (Δθ on the host, or None when settle makes it, loss)."""
+
+    def settle(self, seq: int, delta: np.ndarray | None) -> np.ndarray:
+        """Step ``seq``'s Δθ on the host, on the thread that sends it."""
+
+    def host(self, a: object) -> np.ndarray:
+        """An array where m lives (κ|m|), on the host."""
+
+    def comm_stream(self) -> contextlib.AbstractContextManager:
+        """The sending thread's context while another thread computes."""
+
+    def compute_thread(self) -> None:
+        """Set up the compute thread (--worker-mode overlap)."""
+
+    def close(self) -> None:
+        """End the data stream."""
+
+    def extend(self, runs: list) -> None:
+        """Go on with ``runs`` more batches (a departed worker's)."""
+
+    def release(self) -> None:
+        """The worker left the run: give its device back."""
+
+
+class QuadraticSteps:
+    """Δθ of the numpy quadratic problem; used by the invariant tests."""
+
+    def __init__(self, optim: OptimConfig, data: DataConfig, problem: Problem,
+                 rank: int, plan: list | None = None) -> None:
+        self.q = problem.quadratic
+        self.n = problem.n_params
+        self.lr = optim.lr
+        self.target = self.q.target(rank)
+        self.steps = length(plan) if plan is not None else (
+            data.max_steps or data.epochs * max(1, data.synthetic_size // data.batch_size))
+        self.schedule = Schedule.of(optim, self.steps)
+        self.clip_norm = optim.clip_grad_norm
+        self.plain = self.schedule.constant and self.clip_norm == 0  # Quadratic.step as is
+        self.device = "cpu (numpy)"
+        self.load_s = 0.0  # Δθ is computed on the pulled θ in place
+        self.gpu_s = float("nan")
+        self.pull_buffer = None  # pulls land in the endpoint's own buffer
+        self.pull_buffers: list[np.ndarray] = []
+        self.group = None
+        self.delta_on_device = None  # m lives on the host, beside Δθ
+
+    def momentum_like(self) -> np.ndarray:
+        return np.zeros(self.n, np.float32)
+
+    def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
+        if self.plain:
+            return self.q.step(theta, self.target, self.lr)
+        diff = theta - self.target
+        loss = 0.5 * float(np.dot(self.q.h * diff, diff))
+        return -self.schedule.eta(seq) * clip(self.q.h * diff, self.clip_norm), loss
+
+    def host(self, a: np.ndarray) -> np.ndarray:
+        return a
+
+    def comm_stream(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def compute_thread(self) -> None:
+        """Nothing to set up on the compute thread."""
+
+    def settle(self, seq: int, delta: np.ndarray) -> np.ndarray:
+        return delta
+
+    def close(self) -> None:
+        """Nothing to end: the quadratic has no data stream."""
+
+    def extend(self, runs: list) -> None:
+        """Dealt ``runs`` more batches (a departed worker's): the quadratic has no data."""
+        self.steps += length(runs)
+
+    def release(self) -> None:
+        """Nothing to give back: numpy on the CPU."""
+
+
+class TorchSteps:
+    """Δθ of a torch model on this worker's data stream, on its GPU or the CPU: θ in, the
+    step of :class:`LocalStep`, Δθ = −η·g out. On the CPU the parameters are views of the
+    pulled θ and Δθ is computed in place: nothing is copied. On a GPU θ and Δθ go through
+    :class:`HostCopies` beside the compute, and the next batch is sent ahead meanwhile."""
+
+    def __init__(self, cfg: Config, problem: Problem, rank: int, n_workers: int,
+                 placement: Placement, start_seq: int = 0, overlapped: bool = False,
+                 plan: list | None = None, group: Group | None = None) -> None:
+        """``overlapped`` (--worker-mode overlap): Δθ and θ's buffers take turns; ``plan``:
+        the worker's dealt batches (:mod:`gem_mpi.problem.elastic`; None: its own stream);
+        ``group``: this leader's worker group (--group-size), computing beside it."""
+        import torch
+
+        self.torch = torch
+        self.device = torch_device(cfg.runtime.threads, placement)
+        self.local = LocalStep(cfg.optim, problem, self.device)
+        self._first_seq = start_seq
+        n = problem.n_params
+        self.load_s = 0.0  # copying θ into the model's parameters
+        self.gpu_s = float("nan")  # the GPU's own time for the steps (see protocol)
+        self.on_gpu = self.device.type == "cuda"
+        self.group = group
+        self.batches = WorkerBatches(cfg, rank, n_workers, start_seq, plan, self.device)
+        self.turns = DeltaTurns(self.local, n, cfg.optim.lr, Schedule.of(cfg.optim, self.steps),
+                                overlapped, self.on_gpu)
+        self._bound: int | None = None  # the host θ the CPU parameters view
+        self.copies: HostCopies | None = None
+        if self.on_gpu:
+            self.copies = HostCopies(torch, self.device, n, overlapped, len(self.turns.deltas))
+            self.local.bind(self.copies.flat)
+            self.gpu_s = 0.0
+        self.pull_buffers = [] if self.copies is None else self.copies.pull_buffers
+
+    @property
+    def steps(self) -> int:
+        return self.batches.steps
+
+    @property
+    def pull_buffer(self) -> np.ndarray | None:
+        """Where the worker's pulls land: page-locked memory on a GPU, else its own."""
+        return self.pull_buffers[0] if self.pull_buffers else None
+
+    @property
+    def delta_on_device(self) -> object:
+        return self.turns.delta
+
+    def momentum_like(self) -> object:
+        return self.turns.delta
+
+    def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray | None, float]:
+        torch, copies, turns = self.torch, self.copies, self.turns
+        t = time.perf_counter()
+        start = None
+        if copies is not None:
+            start = copies.load(theta)
+        elif self._bound != theta.ctypes.data:  # the worker's pull buffer, the same each step
+            self.local.bind(torch.from_numpy(theta))
+            self._bound = theta.ctypes.data
+        self.load_s += time.perf_counter() - t
+        x, y = self.batches.batch(seq)
+        if self.group is not None:  # the members compute at this θ, each on its own part
+            self.group.theta(copies.flat if copies is not None else torch.from_numpy(theta),
+                             seq)
+            x, y = self.group.part(x, y)
+        turn = turns.begin(seq)
+        loss = self.local.forward_backward(x, y)  # into turns.grad (float32 parameters)
+        if seq == self._first_seq:
+            self.local.check_grads(turns.grad)
+        if self.group is not None:  # the group's gradient: the mean over its G parts
+            self.group.average(turns.grad)
+        self.local.clip()  # before Δθ, and so before GEM's momentum fold
+        delta = turns.make(turn, seq)
+        if delta is None:
+            return None, float(loss.detach())  # Δθ: settle(), on the other thread
+        if copies is None:
+            return delta.numpy(), float(loss.detach())
+        done = copies.back(turn, delta, loss)
+        self.batches.prefetch(seq + 1, copies.stream)  # on the CPU, while the GPU computes
+        done.synchronize()
+        self.gpu_s += start.elapsed_time(done) / 1e3
+        return copies.delta_hosts[turn].numpy(), float(copies.loss_host[0])
+
+    def settle(self, seq: int, delta: np.ndarray | None) -> np.ndarray:
+        return self.turns.settle(seq, delta)
+
+    def host(self, a: object) -> np.ndarray:
+        return a.numpy() if self.copies is None else self.copies.host(a)
+
+    def comm_stream(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if self.copies is None else self.copies.comm_stream()
+
+    def compute_thread(self) -> None:
+        if self.copies is not None:
+            self.copies.compute_thread()
+
+    def close(self) -> None:
+        self.batches.close()
+
+    def extend(self, runs: list) -> None:
+        """The lr schedule stays its own plan's: a batch past its end takes the last η."""
+        added = self.batches.extend(runs)
+        if self.group is not None:
+            self.group.extend(added)
+
+    def release(self) -> None:
+        """The data stream ends, the GPU memory goes back (the process itself stays until
+        the job ends, see gem_mpi.engine.roster)."""
+        self.close()
+        if self.on_gpu:
+            self.local.model.to("cpu")
+            self.turns.release()
+            self.copies.flat = None
+            self.torch.cuda.empty_cache()
