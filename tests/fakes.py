@@ -93,6 +93,10 @@ class MemoryWindows:
             while ep.flags[worker - 1] != 0:
                 self.lock.wait(0.01)
 
+    def worker(self, rank: int, n_params: int) -> _WorkerSide:
+        """Worker ``rank``'s endpoint (WorkerShards' face, one shard)."""
+        return _WorkerSide(self, rank, n_params)
+
     def _ep(self) -> _MasterSide:
         assert self.ep is not None, "the master has not opened its windows yet"
         return self.ep
@@ -156,3 +160,31 @@ class _MasterSide:
     def shutdown(self, code: int = 1, timeout_s: float = 60.0) -> list[int]:
         self.board.stop_code = code
         return []
+
+
+class _WorkerSide:
+    """WorkerShards' face over :class:`MemoryWindows` for one worker and one shard: what the
+    worker orders of gem_mpi.engine.orders call."""
+
+    backoff_s = 0.0
+
+    def __init__(self, board: MemoryWindows, rank: int, n_params: int) -> None:
+        self.board, self.rank = board, rank
+        self.theta = np.empty(n_params, np.float32)
+
+    def pull(self, into: np.ndarray | None = None) -> list[int]:
+        theta, version = self.board.pull()
+        (self.theta if into is None else into)[...] = theta
+        return [version]
+
+    def stop_code(self) -> int:
+        return self.board.stop_code or 0
+
+    def wait_slot_free(self) -> bool:
+        """Until the master took our last message; False once the run was stopped."""
+        self.board.wait_applied(self.rank)
+        return self.board.stop_code is None
+
+    def commit(self, kind: int, seq: int, versions: list[int], loss: float = 0.0,
+               compute_s: float = 0.0, parts: tuple[np.ndarray, ...] = ()) -> None:
+        self.board.post(self.rank, kind, seq, versions[0], parts, loss)

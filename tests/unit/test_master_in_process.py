@@ -1,7 +1,8 @@
-"""The master's engine in one process: ``Master`` serves and applies scripted workers' updates
-through the in-memory windows of tests/fakes.py, under its real supervisor, metrics file and
-kernel; θ is then the numpy reference's replay of the metrics file's log, bit for bit. The
-same properties under mpirun are tests/test_train_invariants.py's; these run in the fast loop."""
+"""The asynchronous engine in one process: ``Master`` serves and applies the updates of
+scripted workers, and of the real worker orders in threads, through the in-memory windows of
+tests/fakes.py, under its real supervisor, metrics file and kernel; θ is then the numpy
+reference's replay of the metrics file's log, bit for bit. The same properties under mpirun
+are tests/test_train_invariants.py's; these run in the fast loop."""
 
 import threading
 
@@ -13,9 +14,12 @@ from gem_mpi.algorithm.kernel import Kernel
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.algorithm.rule import WorkerRule
 from gem_mpi.engine.master import Master
+from gem_mpi.engine.orders import ORDERS, wait_order
+from gem_mpi.engine.steps import QuadraticSteps
+from gem_mpi.engine.worker_step import WorkerStep
 from gem_mpi.outputs.analysis import load_run
 from gem_mpi.problem import build_problem
-from gem_mpi.protocol import FINISHED, layout
+from gem_mpi.protocol import DONE, FINISHED, layout
 from gem_mpi.run.supervisor import Outcome, StopFlag
 from gem_mpi.session import supervise
 from tests.fakes import MemoryWindows
@@ -112,3 +116,52 @@ def test_a_poisoned_update_is_rejected_and_named(tmp_path):
     t.join(10)
     assert master.rejected == {1: 1}
     assert np.array_equal(master.final_theta, problem.theta0 + f32(0.5))
+
+
+def _real_worker(board: MemoryWindows, cfg: config.Config, problem, rank: int,
+                 errors: list) -> None:
+    """Worker ``rank`` as run_worker sets it up, on its in-memory endpoint: its order's
+    loop, then DONE."""
+    try:
+        steps = QuadraticSteps(cfg.optim, cfg.data, problem, rank)
+        ep = board.worker(rank, problem.n_params)
+        w = WorkerStep(cfg, rank, steps, ep, WorkerRule(cfg.optim, steps.momentum_like()),
+                       None, 1.0)
+        order = ORDERS.get(cfg.optim.worker_mode, wait_order)
+        stopped, version = order(w, 0, ep.pull())
+        assert not stopped
+        ep.commit(DONE, steps.steps, version, parts=(w.time_split(),))
+    except Exception as exc:  # noqa: BLE001 (seen by the test, not lost in the thread)
+        errors.append(exc)
+
+
+@pytest.mark.parametrize("mode", ["wait", "pipelined", "overlap"])
+@pytest.mark.parametrize("method, shift", [("gem", "others"), ("gem", "paper"),
+                                           ("adaptive", "others")])
+def test_the_three_worker_orders_against_the_master_replay_bit_for_bit(tmp_path, mode,
+                                                                       method, shift):
+    """The real worker orders (gem_mpi.engine.orders) of 3 workers in threads against the
+    real master, in one process: whatever the interleaving, every update is applied once
+    and θ is the reference's replay of the log."""
+    cfg = _cfg(tmp_path, method=method, worker_mode=mode, gem_shift=shift)
+    problem = build_problem(cfg.data, with_theta0=True)
+    lay = layout(cfg.optim, problem.n_params, WORKERS)
+    board = MemoryWindows()
+    master = Master(cfg, None, lay, problem, Kernel(problem.offsets, prefer_extension=False),
+                    endpoint=board.master)
+    supervise(master, cfg, problem, StopFlag(), None, "in-process")
+    errors: list = []
+    threads = [threading.Thread(target=_real_worker, args=(board, cfg, problem, r, errors))
+               for r in range(1, WORKERS + 1)]
+    for t in threads:
+        t.start()
+    assert master.run() is Outcome.FINISHED
+    for t in threads:
+        t.join(10)
+    assert not errors, errors
+    u = load_run(tmp_path / "run.h5").updates
+    assert sorted(zip(u["worker"].tolist(), u["seq"].tolist())) == [
+        (w, s) for w in range(1, WORKERS + 1) for s in range(STEPS)]
+    ref = replay(u, problem.quadratic, method, LR, momentum=cfg.optim.momentum,
+                 pi_max=cfg.optim.pi_max, shift=shift, n_workers=WORKERS)
+    assert np.array_equal(master.final_theta, ref.theta)
