@@ -1,7 +1,7 @@
 """θ sharded over K master ranks (``--masters K``): the cut, and how the masters agree.
 
 Ranks 0..K−1 are masters; master k holds θ's tensors ``plan.tensors[k]`` (elements
-``plan.bounds[k]``, a tensor is never split: :func:`gem_mpi.protocol.shard_cut`) in windows
+``plan.bounds[k]``, a tensor is never split: :func:`shard_cut`) in windows
 of its own, on its shard's communicator (:func:`gem_mpi.transport.endpoints.shard_comm`), so
 each shard has its own clock, tickets, mailboxes, versioned θ and roll, exactly those of a
 one-master run over its part of θ. GEM, DOWNPOUR and adaptive staleness are element-wise,
@@ -65,7 +65,6 @@ from gem_mpi.protocol import (
     ShardState,
     State,
     layout,
-    shard_cut,
 )
 from gem_mpi.run.supervisor import OUTCOME_OF, Outcome, Verdict
 from gem_mpi.transport import MPI, Backoff
@@ -74,6 +73,36 @@ from gem_mpi.transport.link import Link, MessageLink
 
 LEAD = 0
 BF16_NAN = 0x7FC0  # a quiet NaN's bf16 bits
+
+
+def shard_cut(sizes: list[int], masters: int) -> list[tuple[int, int]]:
+    """θ cut over ``masters`` shards on tensor boundaries: per shard, the range [lo, hi) of
+    tensor indices it holds (contiguous, in order, at least one tensor each). A tensor is
+    never split, so each shard's per-tensor statistics are those of whole tensors. Of all
+    such cuts, the one whose largest shard is smallest (the slowest master bounds the run);
+    ValueError when there are fewer tensors than shards."""
+    t_count = len(sizes)
+    if masters > t_count:
+        raise ValueError(f"--masters {masters}: θ is cut between tensors and this model has "
+                         f"only {t_count}, so at most {t_count} masters")
+    ends = [0, *np.cumsum(np.asarray(sizes, dtype=np.int64)).tolist()]
+    # best[k][t]: the smallest largest shard of tensors [0, t) cut into k shards
+    inf = float("inf")
+    best = [[inf] * (t_count + 1) for _ in range(masters + 1)]
+    back = [[0] * (t_count + 1) for _ in range(masters + 1)]
+    best[0][0] = 0
+    for k in range(1, masters + 1):
+        for t in range(k, t_count + 1):
+            for c in range(k - 1, t):
+                cost = max(best[k - 1][c], ends[t] - ends[c])
+                if cost < best[k][t]:
+                    best[k][t], back[k][t] = cost, c
+    cuts, t = [t_count], t_count
+    for k in range(masters, 0, -1):
+        t = back[k][t]
+        cuts.append(t)
+    cuts.reverse()
+    return [(cuts[k], cuts[k + 1]) for k in range(masters)]
 
 
 @dataclass(frozen=True)
@@ -360,4 +389,4 @@ class Lead:
 
 
 __all__ = ["LEAD", "Follower", "Lead", "LeadSupervisor", "Plan", "ShardEngine", "connect",
-           "plan"]
+           "plan", "shard_cut"]
