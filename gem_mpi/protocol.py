@@ -245,9 +245,9 @@ class End:
 
 @dataclass(frozen=True)
 class Rows:
-    """follower → lead: metrics rows since the last, each (table, row)."""
+    """follower → lead: its rows of the metrics file's ``/shard<k>`` since the last."""
 
-    rows: list[tuple[str, dict]] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ masters (followers) only apply, and talk to the lead over the masters' link
 (:mod:`gem_mpi.transport.link`) in the typed messages of :mod:`gem_mpi.protocol`, never on
 the data path:
 
-    follower -> lead   Rows (its metrics rows, every quarter second or so), At (its
+    follower -> lead   Rows (its /shard<k> rows, every quarter second or so), At (its
                        next_seq), State (its part of a checkpoint), Piece (its θ), Final (its
                        part at the end), Diverged (its θ is not finite), Bye (after End)
     lead -> follower   Hold, Cut (to a target next_seq), Go, Gather (θ), End (the stop word)
@@ -198,7 +198,7 @@ class Follower:
         self.data_plan = None  # the lead keeps the plans
         self.word: int | None = None  # the lead's stop word, once it said it
         self.held = False
-        self._rows: list[tuple[str, dict]] = []
+        self._rows: list[dict] = []
         self._sent_at = time.monotonic()
         self._reported = False  # θ found not finite, and said
         self.t0 = time.perf_counter()
@@ -220,10 +220,12 @@ class Follower:
         """The lead keeps the plans."""
 
     def record_update(self, row: dict) -> None:
-        self._rows.append(("update", row))
+        self._rows.append(row)
 
     def record_rejected(self, row: dict) -> None:
-        self._rows.append(("rejected", row))
+        """Not sent: ``/rejected`` is shard 0's. An update non-finite in any shard's part is
+        poisoned in every shard's (:meth:`Plan.poison_all`), so the lead's rows already name
+        each one once; this shard's count reaches ``/summary/shard_rejected`` in its Final."""
 
     def observe(self, loss: float, position: int, theta: np.ndarray) -> None:
         """The lead watches the loss; each shard watches its own θ (every 100 updates)."""
@@ -344,9 +346,8 @@ class Lead:
             source, msg = got
             match msg:
                 case Rows(rows=rows):
-                    for table, row in rows:
-                        if table == "update":
-                            self.sup.record_shard_update(source, row)
+                    for row in rows:
+                        self.sup.record_shard_update(source, row)
                 case Diverged(why=why):
                     self.sup.shard_diverged(why)
                 case Final():
