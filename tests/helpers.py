@@ -303,7 +303,7 @@ def assert_every_sample_once(rows: Iterable[tuple[list, int, int, float]], seed:
     """Each (plan, seq, worker, loss) row computed batch ``seq`` of its worker's plan (its
     loss is that batch's index sum), and every sample of every epoch was seen once."""
     from gem_mpi.problem import elastic
-    from gem_mpi.problem.data import epoch_indices
+    from gem_mpi.problem.batches import epoch_indices
 
     orders: dict[tuple[int, int], object] = {}
     seen: dict[int, Counter] = {e: Counter() for e in range(epochs)}
