@@ -36,7 +36,7 @@ from gem_mpi.config import (
 )
 from gem_mpi.engine.shards import shard_cut
 from gem_mpi.errors import UsageError
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem.quadratic import Quadratic
 from gem_mpi.protocol import layout, update_payload
 from gem_mpi.run.preflight import validate

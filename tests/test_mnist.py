@@ -16,7 +16,7 @@ from helpers import REPO, train
 
 from gem_mpi.config import DataConfig
 from gem_mpi.errors import DataError
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem import mnist_pickle as mp
 from gem_mpi.problem.datasets import check_dataset, evaluation_split, load_split, training_split
 from gem_mpi.problem.idx import IDX_FILES

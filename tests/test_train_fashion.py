@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import train
 
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem.models import build_model
 from gem_mpi.problem.spec import dataset_spec
 

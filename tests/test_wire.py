@@ -30,7 +30,7 @@ from gem_mpi.config import (
     OptimConfig,
 )
 from gem_mpi.engine.shards import shard_cut
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem.quadratic import Quadratic
 from gem_mpi.protocol import layout, update_payload
 

@@ -13,7 +13,7 @@ from gem_mpi.baseline.diloco import check_diloco
 from gem_mpi.baseline.sync import check_ddp, check_horovod
 from gem_mpi.bench import Subcommands, _machine, mpi_env
 from gem_mpi.config import ASYNC_METHODS, DDP, DILOCO, SYNC, SYNC_METHODS, synchronous
-from gem_mpi.outputs import analysis
+from gem_mpi.outputs import analysis, runfile
 
 COMPARE_METHODS = (*ASYNC_METHODS, *SYNC_METHODS)
 
@@ -35,7 +35,7 @@ def run_training(mpirun: str, ranks: int, train_args: list[str], h5: str,
     if res.returncode != 0:
         tail = "\n".join(res.stderr.strip().splitlines()[-5:])
         raise SystemExit(f"bench {who}: a run failed (exit {res.returncode}):\n{tail}")
-    return analysis.load_run(h5), job_s
+    return runfile.load_run(h5), job_s
 
 
 def _compare_run(method: str, workers: int, args: argparse.Namespace, out_dir: str) -> dict:

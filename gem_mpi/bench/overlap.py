@@ -35,7 +35,7 @@ from gem_mpi.bench import Subcommands, _machine, _time
 from gem_mpi.bench.compare import run_training
 from gem_mpi.bench.kernel import _inputs
 from gem_mpi.config import Config
-from gem_mpi.outputs import analysis
+from gem_mpi.outputs import analysis, runfile
 from gem_mpi.protocol import WORKER_TIME_SPLIT, update_payload
 
 ORDERS = ("wait", "pipelined", "overlap")  # --worker-mode values, each a row
@@ -125,7 +125,7 @@ def _train_args(args: argparse.Namespace, order: str, wire: str, steps: int) -> 
             "--log-every", "60", "--worker-mode", order, *WIRES[wire]]
 
 
-def _row(run: analysis.Run, args: argparse.Namespace, workers: int, order: str, wire: str,
+def _row(run: runfile.Run, args: argparse.Namespace, workers: int, order: str, wire: str,
          steps: int, job_s: float, capacity: dict) -> dict:
     """One job's row: the workers' steps/s, their split, the master's, the bytes."""
     wt, summary = run.worker_time, run.summary
