@@ -102,7 +102,7 @@ def _trained_model(cfg: config.Config, theta: np.ndarray) -> Any:
     batches: the model equals the one --save writes)."""
     import torch  # a torch model's run only: the quadratic returns no model
 
-    from gem_mpi.problem.data import statistics_batches
+    from gem_mpi.problem.datasets import statistics_batches
     from gem_mpi.problem.models import recompute_batch_norm
 
     model = build_problem(cfg.data, with_theta0=False).model

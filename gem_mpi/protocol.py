@@ -180,36 +180,6 @@ def layout(optim: OptimConfig, n_params: int, n_workers: int) -> Layout:
                   update.kept_span)
 
 
-def shard_cut(sizes: list[int], masters: int) -> list[tuple[int, int]]:
-    """θ cut over ``masters`` shards on tensor boundaries: per shard, the range [lo, hi) of
-    tensor indices it holds (contiguous, in order, at least one tensor each). A tensor is
-    never split, so each shard's per-tensor statistics are those of whole tensors. Of all
-    such cuts, the one whose largest shard is smallest (the slowest master bounds the run);
-    ValueError when there are fewer tensors than shards."""
-    t_count = len(sizes)
-    if masters > t_count:
-        raise ValueError(f"--masters {masters}: θ is cut between tensors and this model has "
-                         f"only {t_count}, so at most {t_count} masters")
-    ends = [0, *np.cumsum(np.asarray(sizes, dtype=np.int64)).tolist()]
-    # best[k][t]: the smallest largest shard of tensors [0, t) cut into k shards
-    inf = float("inf")
-    best = [[inf] * (t_count + 1) for _ in range(masters + 1)]
-    back = [[0] * (t_count + 1) for _ in range(masters + 1)]
-    best[0][0] = 0
-    for k in range(1, masters + 1):
-        for t in range(k, t_count + 1):
-            for c in range(k - 1, t):
-                cost = max(best[k - 1][c], ends[t] - ends[c])
-                if cost < best[k][t]:
-                    best[k][t], back[k][t] = cost, c
-    cuts, t = [t_count], t_count
-    for k in range(masters, 0, -1):
-        t = back[k][t]
-        cuts.append(t)
-    cuts.reverse()
-    return [(cuts[k], cuts[k + 1]) for k in range(masters)]
-
-
 @dataclass
 class ShardState:
     """One master's engine state: the whole of it with one master, or one shard's part of θ
@@ -276,9 +246,9 @@ class End:
 
 @dataclass(frozen=True)
 class Rows:
-    """follower → lead: metrics rows since the last, each (table, row)."""
+    """follower → lead: its rows of the metrics file's ``/shard<k>`` since the last."""
 
-    rows: list[tuple[str, dict]] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -374,6 +344,5 @@ __all__ = [
     "State",
     "UpdatePayload",
     "layout",
-    "shard_cut",
     "update_payload",
 ]

@@ -20,12 +20,12 @@ from gem_mpi.baseline.sync import check_face, run_sync
 from gem_mpi.engine import shards
 from gem_mpi.engine.group import Group, run_member
 from gem_mpi.engine.master import Master, Role, start_master
+from gem_mpi.engine.shards import shard_cut
 from gem_mpi.engine.worker import run_worker
 from gem_mpi.errors import GemError, UsageError
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.metrics import check_resumable
 from gem_mpi.problem import Problem, build_problem, elastic
-from gem_mpi.protocol import shard_cut
 from gem_mpi.run.preflight import validate
 from gem_mpi.run.rank import (
     device_name,

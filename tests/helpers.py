@@ -155,7 +155,7 @@ def assert_learns(metrics: Path, workers: int, steps: int) -> None:
     that of its first 50."""
     import numpy as np
 
-    from gem_mpi.outputs.analysis import load_run
+    from gem_mpi.outputs.runfile import load_run
 
     u = load_run(metrics).updates
     assert len(u["loss"]) == workers * steps
@@ -232,7 +232,7 @@ def assert_resumed_exactly_once(
         workers: int) -> None:
     """``resume(args)`` runs kill_run_args' run again with --resume auto: it must finish with
     every update of every worker applied exactly once."""
-    from gem_mpi.outputs.analysis import load_run
+    from gem_mpi.outputs.runfile import load_run
 
     res = resume([*kill_run_args(workdir, workers), "--resume", "auto"])
     assert res.returncode == 0, res.stdout + res.stderr
@@ -258,7 +258,7 @@ class QuadraticSlice:
 def steps_written(h5: Path) -> int:
     """Rows in a metrics file being written; 0 until its writer has switched SWMR on (until
     then HDF5's file lock keeps readers out)."""
-    from gem_mpi.outputs.analysis import RunFileError, load_run
+    from gem_mpi.outputs.runfile import RunFileError, load_run
 
     try:
         return load_run(h5).updates["seq"].size
@@ -303,7 +303,7 @@ def assert_every_sample_once(rows: Iterable[tuple[list, int, int, float]], seed:
     """Each (plan, seq, worker, loss) row computed batch ``seq`` of its worker's plan (its
     loss is that batch's index sum), and every sample of every epoch was seen once."""
     from gem_mpi.problem import elastic
-    from gem_mpi.problem.data import epoch_indices
+    from gem_mpi.problem.batches import epoch_indices
 
     orders: dict[tuple[int, int], object] = {}
     seen: dict[int, Counter] = {e: Counter() for e in range(epochs)}

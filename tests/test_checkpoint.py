@@ -31,7 +31,7 @@ from helpers import (
 
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.outputs import checkpoint
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem.quadratic import Quadratic
 
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process

@@ -17,10 +17,14 @@ import pytest
 import torch
 
 from gem_mpi.errors import DataError, UsageError
-from gem_mpi.problem import data, models
-from gem_mpi.problem.data import DataSpec
+from gem_mpi.problem import models
+from gem_mpi.problem.batches import epoch_indices, iterate_batches, steps_per_epoch
+from gem_mpi.problem.datasets import check_dataset, load_split
+from gem_mpi.problem.idx import DEBIAN_FASHION_MNIST_DIR
+from gem_mpi.problem.spec import DataSpec, dataset_spec
+from gem_mpi.problem.splits import ArraySplit, Split
 
-FASHION = data.DEBIAN_FASHION_MNIST_DIR
+FASHION = DEBIAN_FASHION_MNIST_DIR
 REPO = Path(__file__).resolve().parents[1]
 IDX_NAMES = (
     "train-images-idx3-ubyte",
@@ -36,13 +40,13 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def train() -> data.Split:
-    return data.load_split("fashion-mnist", None, "train", "mnist-cnn")
+def train() -> Split:
+    return load_split("fashion-mnist", None, "train", "mnist-cnn")
 
 
 @pytest.fixture(scope="module")
-def test_split() -> data.Split:
-    return data.load_split("fashion-mnist", None, "test", "mnist-cnn")
+def test_split() -> Split:
+    return load_split("fashion-mnist", None, "test", "mnist-cnn")
 
 
 def _fashion_copy(directory: Path) -> Path:
@@ -56,18 +60,18 @@ def _fashion_copy(directory: Path) -> Path:
 # --------------------------------------------------------------------------- loading
 
 
-def test_lengths_and_storage(train: data.Split, test_split: data.Split) -> None:
+def test_lengths_and_storage(train: Split, test_split: Split) -> None:
     assert len(train) == 60_000
     assert len(test_split) == 10_000
-    assert isinstance(train, data.ArraySplit)
+    assert isinstance(train, ArraySplit)
     assert train.images.dtype == np.uint8 and train.images.shape == (60_000, 28, 28)
     assert train.spec == DataSpec(channels=1, image_size=28, num_classes=10)
     assert sorted(np.unique(train.labels).tolist()) == list(range(10))
 
 
-def test_batch_shape_dtype_normalisation(test_split: data.ArraySplit) -> None:
+def test_batch_shape_dtype_normalisation(test_split: ArraySplit) -> None:
     batches = list(
-        data.iterate_batches(test_split, 4096, 1, seed=0, shuffle=False, drop_last=False)
+        iterate_batches(test_split, 4096, 1, seed=0, shuffle=False, drop_last=False)
     )
     assert [len(y) for _, y in batches] == [4096, 4096, 1808]
     x, y = batches[0]
@@ -83,9 +87,9 @@ def test_batch_shape_dtype_normalisation(test_split: data.ArraySplit) -> None:
 
 
 def test_alexnet_gets_upsampled_batches() -> None:
-    split = data.load_split("fashion-mnist", None, "test", "alexnet")
+    split = load_split("fashion-mnist", None, "test", "alexnet")
     assert split.spec == DataSpec(channels=1, image_size=64, num_classes=10)
-    x, _ = next(data.iterate_batches(split, 2, 1, seed=0))
+    x, _ = next(iterate_batches(split, 2, 1, seed=0))
     assert x.shape == (2, 1, 64, 64) and x.dtype == torch.float32
     out = models.build_model("alexnet", split.spec)(x)
     assert out.shape == (2, 10)
@@ -99,9 +103,9 @@ def _labels(batches) -> torch.Tensor:
     return torch.cat([y for _, y in batches])
 
 
-def test_shuffle_is_deterministic_per_seed(train: data.Split) -> None:
+def test_shuffle_is_deterministic_per_seed(train: Split) -> None:
     def first(seed: int, n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        it = data.iterate_batches(train, 128, 1, seed=seed)
+        it = iterate_batches(train, 128, 1, seed=seed)
         return [next(it) for _ in range(n)]
 
     a, b, c = first(1), first(1), first(2)
@@ -109,14 +113,14 @@ def test_shuffle_is_deterministic_per_seed(train: data.Split) -> None:
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
     assert not torch.equal(_labels(a), _labels(c))
     # every epoch is a fresh permutation
-    assert not torch.equal(data.epoch_indices(60_000, 0, 1), data.epoch_indices(60_000, 1, 1))
-    assert torch.equal(data.epoch_indices(60_000, 1, 1), data.epoch_indices(60_000, 1, 1))
-    assert torch.equal(data.epoch_indices(10, 0, 1, shuffle=False), torch.arange(10))
+    assert not torch.equal(epoch_indices(60_000, 0, 1), epoch_indices(60_000, 1, 1))
+    assert torch.equal(epoch_indices(60_000, 1, 1), epoch_indices(60_000, 1, 1))
+    assert torch.equal(epoch_indices(10, 0, 1, shuffle=False), torch.arange(10))
 
 
-def test_shards_are_disjoint_and_cover(train: data.ArraySplit) -> None:
+def test_shards_are_disjoint_and_cover(train: ArraySplit) -> None:
     n, count = len(train), 7
-    shards = [data.epoch_indices(n, 3, seed=5, shard=(i, count)) for i in range(count)]
+    shards = [epoch_indices(n, 3, seed=5, shard=(i, count)) for i in range(count)]
     for i, indices in enumerate(shards):
         assert torch.all(indices % count == i)
     union = torch.cat(shards)
@@ -124,33 +128,33 @@ def test_shards_are_disjoint_and_cover(train: data.ArraySplit) -> None:
 
     # the batches really come from that order, and their count is steps_per_epoch
     shard = (2, count)
-    steps = data.steps_per_epoch(train, 100, shard)
+    steps = steps_per_epoch(train, 100, shard)
     assert steps == len(shards[2]) // 100 == 85
-    assert data.steps_per_epoch(train, 100, shard, drop_last=False) == 86
-    batches = list(data.iterate_batches(train, 100, 2, seed=5, shard=shard))
+    assert steps_per_epoch(train, 100, shard, drop_last=False) == 86
+    batches = list(iterate_batches(train, 100, 2, seed=5, shard=shard))
     assert len(batches) == 2 * steps
     want = np.concatenate(
-        [train.labels[data.epoch_indices(n, e, 5, shard)[: steps * 100].numpy()] for e in (0, 1)]
+        [train.labels[epoch_indices(n, e, 5, shard)[: steps * 100].numpy()] for e in (0, 1)]
     )
     assert torch.equal(_labels(batches), torch.from_numpy(want.astype(np.int64)))
 
 
-def test_iteration_argument_errors(test_split: data.Split) -> None:
+def test_iteration_argument_errors(test_split: Split) -> None:
     with pytest.raises(UsageError, match="batch size"):
-        data.iterate_batches(test_split, 5_000, 1, seed=0, shard=(0, 3))
+        iterate_batches(test_split, 5_000, 1, seed=0, shard=(0, 3))
     with pytest.raises(UsageError, match="shard"):
-        data.iterate_batches(test_split, 10, 1, seed=0, shard=(3, 3))
+        iterate_batches(test_split, 10, 1, seed=0, shard=(3, 3))
     with pytest.raises(UsageError):
-        data.steps_per_epoch(test_split, 0)
+        steps_per_epoch(test_split, 0)
 
 
 def test_synthetic_is_deterministic_and_shaped() -> None:
-    small = data.load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=1000)
+    small = load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=1000)
     assert len(small) == 1000
-    assert len(data.load_split("synthetic", None, "test", "resnet18")) == 10_000
-    a = list(data.iterate_batches(small, 100, 2, seed=3))
-    b = list(data.iterate_batches(small, 100, 2, seed=3))
-    c = list(data.iterate_batches(small, 100, 1, seed=4))
+    assert len(load_split("synthetic", None, "test", "resnet18")) == 10_000
+    a = list(iterate_batches(small, 100, 2, seed=3))
+    b = list(iterate_batches(small, 100, 2, seed=3))
+    c = list(iterate_batches(small, 100, 1, seed=4))
     assert len(a) == 20
     assert all(
         torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b, strict=True)
@@ -159,8 +163,8 @@ def test_synthetic_is_deterministic_and_shaped() -> None:
     x, y = a[0]
     assert x.shape == (100, 1, 28, 28) and x.dtype == torch.float32 and y.dtype == torch.int64
     assert 0 <= int(y.min()) and int(y.max()) < 10
-    big = data.load_split("synthetic", None, "train", "resnet18", synthetic_size=4)
-    x, y = next(data.iterate_batches(big, 2, 1, seed=0))
+    big = load_split("synthetic", None, "train", "resnet18", synthetic_size=4)
+    x, y = next(iterate_batches(big, 2, 1, seed=0))
     assert x.shape == (2, 3, 224, 224) and int(y.max()) < 1000
 
 
@@ -169,11 +173,11 @@ def test_synthetic_is_deterministic_and_shaped() -> None:
 
 def test_check_dataset_accepts_real_and_copied_data(tmp_path: Path) -> None:
     """It returns the number of training samples (0 for synthetic data: it has no files)."""
-    assert data.check_dataset("fashion-mnist", None) == 60000
+    assert check_dataset("fashion-mnist", None) == 60000
     copy = _fashion_copy(tmp_path / "FashionMNIST" / "raw")
-    assert data.check_dataset("fashion-mnist", str(copy)) == 60000
-    assert data.check_dataset("fashion-mnist", str(tmp_path)) == 60000  # FashionMNIST/raw/ below
-    assert data.check_dataset("synthetic", None) == 0
+    assert check_dataset("fashion-mnist", str(copy)) == 60000
+    assert check_dataset("fashion-mnist", str(tmp_path)) == 60000  # FashionMNIST/raw/ below
+    assert check_dataset("synthetic", None) == 0
 
 
 def _spoiled(tmp_path: Path, name: str, content: bytes) -> Path:
@@ -188,7 +192,7 @@ def test_truncated_gzip_is_rejected(tmp_path: Path) -> None:
     whole = (FASHION / "t10k-labels-idx1-ubyte.gz").read_bytes()
     directory = _spoiled(tmp_path, "t10k-labels-idx1-ubyte.gz", whole[: len(whole) // 2])
     with pytest.raises(DataError, match="t10k-labels-idx1-ubyte.gz.*gzip") as err:
-        data.check_dataset("fashion-mnist", str(directory))
+        check_dataset("fashion-mnist", str(directory))
     assert "\n" not in str(err.value)
 
 
@@ -196,9 +200,9 @@ def test_gzip_with_short_content_is_rejected(tmp_path: Path) -> None:
     raw = gzip.decompress((FASHION / "t10k-labels-idx1-ubyte.gz").read_bytes())
     directory = _spoiled(tmp_path, "t10k-labels-idx1-ubyte.gz", gzip.compress(raw[:5000]))
     with pytest.raises(DataError, match="truncated"):
-        data.check_dataset("fashion-mnist", str(directory))
+        check_dataset("fashion-mnist", str(directory))
     with pytest.raises(DataError, match="truncated"):
-        data.load_split("fashion-mnist", str(directory), "test", "mnist-cnn")
+        load_split("fashion-mnist", str(directory), "test", "mnist-cnn")
 
 
 def test_uncompressed_files_are_checked_against_header(tmp_path: Path) -> None:
@@ -207,9 +211,9 @@ def test_uncompressed_files_are_checked_against_header(tmp_path: Path) -> None:
     header = bytes([0, 0, 8, 1]) + (60_000).to_bytes(4, "big")
     (directory / "train-labels-idx1-ubyte").write_bytes(header + bytes(59_999))
     with pytest.raises(DataError, match="train-labels-idx1-ubyte is truncated"):
-        data.check_dataset("fashion-mnist", str(directory))
+        check_dataset("fashion-mnist", str(directory))
     (directory / "train-labels-idx1-ubyte").write_bytes(header + bytes(60_000))
-    data.check_dataset("fashion-mnist", str(directory))  # plain IDX is accepted too
+    check_dataset("fashion-mnist", str(directory))  # plain IDX is accepted too
 
 
 def test_wrong_magic_is_rejected(tmp_path: Path) -> None:
@@ -217,27 +221,27 @@ def test_wrong_magic_is_rejected(tmp_path: Path) -> None:
         tmp_path, "train-images-idx3-ubyte.gz", gzip.compress(b"<html>not found</html>" * 10)
     )
     with pytest.raises(DataError, match="not an IDX file"):
-        data.check_dataset("fashion-mnist", str(directory))
+        check_dataset("fashion-mnist", str(directory))
 
 
 def test_missing_data_is_reported(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
-        data.check_dataset("fashion-mnist", str(tmp_path / "nowhere"))
+        check_dataset("fashion-mnist", str(tmp_path / "nowhere"))
     with pytest.raises(DataError, match="not found"):
-        data.check_dataset("fashion-mnist", str(tmp_path))
+        check_dataset("fashion-mnist", str(tmp_path))
     (tmp_path / "t10k-images-idx3-ubyte.gz").symlink_to(FASHION / "t10k-images-idx3-ubyte.gz")
     with pytest.raises(DataError, match="lacks t10k-labels-idx1-ubyte"):
-        data.load_split("fashion-mnist", str(tmp_path), "test", "mnist-cnn")
+        load_split("fashion-mnist", str(tmp_path), "test", "mnist-cnn")
     with pytest.raises(DataError, match="imagenet"):
-        data.check_dataset("imagenet", str(tmp_path))
+        check_dataset("imagenet", str(tmp_path))
     with pytest.raises(DataError, match="--data-dir"):
-        data.load_split("imagenet", None, "train", "resnet18")
+        load_split("imagenet", None, "train", "resnet18")
 
 
 def test_mnist_found_on_disk_or_reported_offline(tmp_path: Path, monkeypatch) -> None:
     _fashion_copy(tmp_path / "MNIST" / "raw")  # same IDX format: stands in for MNIST
-    split = data.load_split("mnist", str(tmp_path), "test", "mnist-cnn")
-    x, _ = next(data.iterate_batches(split, 10_000, 1, seed=0, shuffle=False))
+    split = load_split("mnist", str(tmp_path), "test", "mnist-cnn")
+    x, _ = next(iterate_batches(split, 10_000, 1, seed=0, shuffle=False))
     assert abs(x.mean().item() - (0.2868 - 0.1307) / 0.3081) < 0.05  # MNIST statistics used
 
     def no_network(*args, **kwargs):
@@ -249,46 +253,46 @@ def test_mnist_found_on_disk_or_reported_offline(tmp_path: Path, monkeypatch) ->
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(DataError, match="could not be downloaded.*--dataset fashion-mnist"):
-        data.check_dataset("mnist", str(empty))
+        check_dataset("mnist", str(empty))
 
 
-def test_unknown_names_are_usage_errors(test_split: data.Split) -> None:
+def test_unknown_names_are_usage_errors(test_split: Split) -> None:
     with pytest.raises(UsageError, match="fashion-mnist"):
-        data.check_dataset("cifar10", None)
+        check_dataset("cifar10", None)
     with pytest.raises(UsageError, match="synthetic"):
-        data.load_split("cifar10", None, "train", "mnist-cnn")
+        load_split("cifar10", None, "train", "mnist-cnn")
     with pytest.raises(UsageError, match="resnet18"):
-        data.dataset_spec("fashion-mnist", "vgg")
+        dataset_spec("fashion-mnist", "vgg")
     with pytest.raises(UsageError, match="train"):
-        data.load_split("fashion-mnist", None, "validation", "mnist-cnn")
+        load_split("fashion-mnist", None, "validation", "mnist-cnn")
     with pytest.raises(UsageError, match="mnist-cnn, alexnet, resnet18"):
         models.build_model("vgg", test_split.spec)
     with pytest.raises(UsageError, match="mnist-cnn"):
-        data.dataset_spec("imagenet", "mnist-cnn")
+        dataset_spec("imagenet", "mnist-cnn")
 
 
 def test_dataset_specs() -> None:
-    assert data.dataset_spec("mnist", "resnet18") == DataSpec(1, 28, 10)
-    assert data.dataset_spec("fashion-mnist", "alexnet") == DataSpec(1, 64, 10)
-    assert data.dataset_spec("imagenet", "alexnet") == DataSpec(3, 224, 1000)
-    assert data.dataset_spec("synthetic", "mnist-cnn") == DataSpec(1, 28, 10)
-    assert data.dataset_spec("synthetic", "resnet18") == DataSpec(3, 224, 1000)
+    assert dataset_spec("mnist", "resnet18") == DataSpec(1, 28, 10)
+    assert dataset_spec("fashion-mnist", "alexnet") == DataSpec(1, 64, 10)
+    assert dataset_spec("imagenet", "alexnet") == DataSpec(3, 224, 1000)
+    assert dataset_spec("synthetic", "mnist-cnn") == DataSpec(1, 28, 10)
+    assert dataset_spec("synthetic", "resnet18") == DataSpec(3, 224, 1000)
 
 
 # --------------------------------------------------------------------------- models
 
 
-def test_mnist_cnn_is_the_papers_net(test_split: data.Split) -> None:
+def test_mnist_cnn_is_the_papers_net(test_split: Split) -> None:
     model = models.build_model("mnist-cnn", test_split.spec)
     assert sum(p.numel() for p in model.parameters()) == 163_790
-    x, _ = next(data.iterate_batches(test_split, 16, 1, seed=0))
+    x, _ = next(iterate_batches(test_split, 16, 1, seed=0))
     out = model(x)
     assert out.shape == (16, 10)
     torch.testing.assert_close(out.exp().sum(dim=1), torch.ones(16))
 
 
 def test_resnet18_on_single_channel_28px() -> None:
-    spec = data.dataset_spec("fashion-mnist", "resnet18")
+    spec = dataset_spec("fashion-mnist", "resnet18")
     model = models.build_model("resnet18", spec).eval()
     out = model(torch.randn(2, 1, 28, 28))
     assert out.shape == (2, 10)
@@ -307,8 +311,8 @@ class _Uniform(torch.nn.Module):
         return torch.full((x.shape[0], 10), -math.log(10.0))
 
 
-def test_evaluate(test_split: data.Split) -> None:
-    batches = list(itertools.islice(data.iterate_batches(test_split, 50, 1, seed=0), 3))
+def test_evaluate(test_split: Split) -> None:
+    batches = list(itertools.islice(iterate_batches(test_split, 50, 1, seed=0), 3))
     labels = _labels(batches)
     model = _Uniform().train()
     model.drop.eval()  # a mixed state must come back exactly
@@ -329,13 +333,15 @@ def test_mnist_path_never_imports_torchvision() -> None:
     code = textwrap.dedent("""
         import sys
         import torch
-        from gem_mpi.problem import data, models
+        from gem_mpi.problem import models
+        from gem_mpi.problem.batches import iterate_batches
+        from gem_mpi.problem.datasets import check_dataset, load_split
         for dataset in ("fashion-mnist", "synthetic"):
-            split = data.load_split(dataset, None, "test", "mnist-cnn", synthetic_size=256)
+            split = load_split(dataset, None, "test", "mnist-cnn", synthetic_size=256)
             model = models.build_model("mnist-cnn", split.spec)
-            batches = data.iterate_batches(split, 128, 1, seed=0)
+            batches = iterate_batches(split, 128, 1, seed=0)
             models.evaluate(model, batches, torch.device("cpu"))
-        data.check_dataset("fashion-mnist", None)
+        check_dataset("fashion-mnist", None)
         assert "torchvision" not in sys.modules, "torchvision was imported"
     """)
     env = dict(
@@ -363,31 +369,31 @@ def test_imagenet_folder_tree(tmp_path: Path) -> None:
             for i in range(3):
                 pixels = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
                 Image.fromarray(pixels).save(tmp_path / sub / cls / f"{i}.png")
-    data.check_dataset("imagenet", str(tmp_path))
-    train_split = data.load_split("imagenet", str(tmp_path), "train", "resnet18")
-    val_split = data.load_split("imagenet", str(tmp_path), "test", "resnet18")
+    check_dataset("imagenet", str(tmp_path))
+    train_split = load_split("imagenet", str(tmp_path), "train", "resnet18")
+    val_split = load_split("imagenet", str(tmp_path), "test", "resnet18")
     assert len(train_split) == len(val_split) == 6
-    batches = list(data.iterate_batches(train_split, 2, 2, seed=0, shard=(0, 2)))
-    assert len(batches) == 2 * data.steps_per_epoch(train_split, 2, (0, 2)) == 2
+    batches = list(iterate_batches(train_split, 2, 2, seed=0, shard=(0, 2)))
+    assert len(batches) == 2 * steps_per_epoch(train_split, 2, (0, 2)) == 2
     x, y = batches[0]
     assert x.shape == (2, 3, 224, 224) and x.dtype == torch.float32 and y.dtype == torch.int64
-    val = list(data.iterate_batches(val_split, 4, 1, seed=0, shuffle=False, drop_last=False))
+    val = list(iterate_batches(val_split, 4, 1, seed=0, shuffle=False, drop_last=False))
     assert _labels(val).tolist() == [0, 0, 0, 1, 1, 1]
     out = models.build_model("resnet18", val_split.spec).eval()(val[0][0])
     assert out.shape == (4, 1000)
 
     (tmp_path / "val" / "n03").mkdir()
     with pytest.raises(DataError, match="class folders"):
-        data.check_dataset("imagenet", str(tmp_path))
+        check_dataset("imagenet", str(tmp_path))
 
 
 def test_start_skips_batches_exactly():
     """A resumed worker sees the batches it would have seen: the stream's tail."""
     for name, size in (("fashion-mnist", None), ("synthetic", 2000)):
-        split = data.load_split(name, None, "train", "mnist-cnn", synthetic_size=size)
-        full = list(data.iterate_batches(split, 64, 2, seed=3, shard=(1, 3)))
+        split = load_split(name, None, "train", "mnist-cnn", synthetic_size=size)
+        full = list(iterate_batches(split, 64, 2, seed=3, shard=(1, 3)))
         for start in (0, 1, 5, len(full) // 2, len(full) - 1, len(full)):
-            tail = list(data.iterate_batches(split, 64, 2, seed=3, shard=(1, 3), start=start))
+            tail = list(iterate_batches(split, 64, 2, seed=3, shard=(1, 3), start=start))
             assert len(tail) == len(full) - start
             for (x, y), (x2, y2) in zip(tail, full[start:]):
                 assert torch.equal(x, x2) and torch.equal(y, y2)

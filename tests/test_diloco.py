@@ -10,7 +10,7 @@ import torch
 from helpers import theta0_state, train
 
 from gem_mpi import config
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from helpers import REPO, mpi_env, mpirun_cmd, signal_when
 
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 

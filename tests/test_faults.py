@@ -14,7 +14,7 @@ import pytest
 from helpers import PROGS, REPO, mpi_env, mpirun, quadratic_args, signal_when
 
 from gem_mpi.outputs import checkpoint
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 

@@ -34,10 +34,11 @@ from gem_mpi.config import (
     GapAwareConfig,
     OptimConfig,
 )
+from gem_mpi.engine.shards import shard_cut
 from gem_mpi.errors import UsageError
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem.quadratic import Quadratic
-from gem_mpi.protocol import layout, shard_cut, update_payload
+from gem_mpi.protocol import layout, update_payload
 from gem_mpi.run.preflight import validate
 
 f32 = np.float32

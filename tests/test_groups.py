@@ -22,7 +22,7 @@ from helpers import (
 )
 
 from gem_mpi.outputs import checkpoint
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 
 pytestmark = pytest.mark.mpi
 

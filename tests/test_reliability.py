@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from helpers import PROGS, mpirun, quadratic_args, rank_pids, train, train_background
 
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 

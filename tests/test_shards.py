@@ -29,9 +29,9 @@ from helpers import (
 )
 
 from gem_mpi.algorithm.reference import replay
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.engine.shards import shard_cut
+from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem.quadratic import Quadratic
-from gem_mpi.protocol import shard_cut
 
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 

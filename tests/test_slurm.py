@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from helpers import REPO, assert_exactly_once, mpi_env, quadratic_args
 
-from gem_mpi.outputs.analysis import RunFileError, RunFollower, load_run
+from gem_mpi.outputs.runfile import RunFileError, RunFollower, load_run
 
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 

@@ -23,7 +23,7 @@ from helpers import (
 
 from gem_mpi import config
 from gem_mpi.outputs import checkpoint
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 from helpers import REPO, mpi_env, quadratic_args, train, train_background
 
-from gem_mpi.outputs.analysis import RunFileError, RunFollower, smooth, weighted_row_median
+from gem_mpi.outputs.analysis import smooth, weighted_row_median
+from gem_mpi.outputs.runfile import RunFileError, RunFollower
 
 TOOLS = REPO / "tools"
 QUAD = quadratic_args()

@@ -7,9 +7,9 @@ import pytest
 import torch
 from helpers import train
 
-from gem_mpi.outputs.analysis import load_run
-from gem_mpi.problem.data import dataset_spec
+from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem.models import build_model
+from gem_mpi.problem.spec import dataset_spec
 
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 

@@ -15,7 +15,7 @@ from helpers import PROGS, assert_exactly_once, mpirun, quadratic_args, train
 
 from gem_mpi.algorithm.kernel import HIST_BINS
 from gem_mpi.algorithm.reference import replay
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem.quadratic import Quadratic
 from gem_mpi.protocol import WORKER_TIME_SPLIT
 

@@ -28,8 +28,9 @@ from helpers import (
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.algorithm.stepsize import Schedule
 from gem_mpi.config import Config
-from gem_mpi.outputs.analysis import load_run
-from gem_mpi.problem.data import evaluation_split, iterate_batches, load_split
+from gem_mpi.outputs.runfile import load_run
+from gem_mpi.problem.batches import iterate_batches
+from gem_mpi.problem.datasets import evaluation_split, load_split
 from gem_mpi.problem.models import evaluate
 from gem_mpi.problem.quadratic import Quadratic
 

@@ -29,9 +29,10 @@ from gem_mpi.config import (
     WIRE_F32,
     OptimConfig,
 )
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.engine.shards import shard_cut
+from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem.quadratic import Quadratic
-from gem_mpi.protocol import layout, shard_cut, update_payload
+from gem_mpi.protocol import layout, update_payload
 
 f32 = np.float32
 EPS, PI_MAX = 1e-16, 5.0

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from gem_mpi.outputs import analysis as an
+from gem_mpi.outputs import runfile
+from gem_mpi.outputs.figures import pyplot, save_figure
 
 PROG = "compare.py"
 FINAL_FRACTION = 0.1  # final training loss: mean over the last 10 % of each run's updates
@@ -29,7 +31,7 @@ COLUMNS = ["run", "method", "workers", "model", "status", "updates", "final_trai
            "test_accuracy", "test_loss", "wall_s", "updates_per_s"]
 
 
-def table_rows(runs: list[an.Run]) -> list[dict[str, Any]]:
+def table_rows(runs: list[runfile.Run]) -> list[dict[str, Any]]:
     """One row of numbers per run, as gem_mpi.outputs.analysis computes them for every tool."""
     rows = []
     for run in runs:
@@ -61,7 +63,7 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
                         for k, v in row.items()})
 
 
-def _colours(runs: list[an.Run], plt: Any) -> dict[int, Any]:
+def _colours(runs: list[runfile.Run], plt: Any) -> dict[int, Any]:
     """One colour per number of workers, the same in every panel."""
     ns = sorted({r.n_workers for r in runs})
     cmap = plt.get_cmap("viridis")
@@ -71,7 +73,7 @@ def _colours(runs: list[an.Run], plt: Any) -> dict[int, Any]:
 TWIN_STYLES = ["-", "-.", ":", (0, (5, 1, 1, 1, 1, 1))]
 
 
-def _curve_style(run: an.Run, runs: list[an.Run]) -> tuple[str, Any]:
+def _curve_style(run: runfile.Run, runs: list[runfile.Run]) -> tuple[str, Any]:
     """(label, line style): runs with the same method and workers (seeds, settings) get
     their names and a line style each; an unfinished run alone is dashed."""
     twins = [r for r in runs if (r.method, r.n_workers) == (run.method, run.n_workers)]
@@ -82,7 +84,7 @@ def _curve_style(run: an.Run, runs: list[an.Run]) -> tuple[str, Any]:
     return label, "-" if run.finished else "--"
 
 
-def fig_loss(runs: list[an.Run], plt: Any, against: str, notes: list[str]) -> Any:
+def fig_loss(runs: list[runfile.Run], plt: Any, against: str, notes: list[str]) -> Any:
     """Smoothed training loss per run, one panel per method, overlaid within a panel."""
     methods = sorted({r.method for r in runs})
     ncols = min(3, len(methods))
@@ -123,7 +125,7 @@ def fig_loss(runs: list[an.Run], plt: Any, against: str, notes: list[str]) -> An
     return fig
 
 
-def fig_final_loss(runs: list[an.Run], rows: list[dict[str, Any]], plt: Any) -> Any:
+def fig_final_loss(runs: list[runfile.Run], rows: list[dict[str, Any]], plt: Any) -> Any:
     """Final training loss against the number of workers, one line per method (fig. 1d)."""
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     for i, method in enumerate(sorted({r.method for r in runs})):
@@ -189,11 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """Compare the runs; returns the exit code."""
     args = build_parser().parse_args(argv)
-    runs = [an.load_run(p) for p in args.runs]  # every file is checked before any output
+    runs = [runfile.load_run(p) for p in args.runs]  # every file is checked before any output
     runs.sort(key=lambda r: (r.method, r.n_workers, r.name))
     outdir = Path(args.output)
     outdir.mkdir(parents=True, exist_ok=True)
-    plt = an.pyplot()
+    plt = pyplot()
     notes = [f"{r.name}: unfinished (summary/finished is NaN): {r.n_updates} updates "
              "written before it stopped" for r in runs if not r.finished]
     models = sorted({r.model for r in runs})
@@ -206,7 +208,7 @@ def main(argv: list[str]) -> int:
     for fname, fig in (("loss_steps.png", fig_loss(runs, plt, "steps", notes)),
                        ("loss_time.png", fig_loss(runs, plt, "time", notes)),
                        ("final_loss.png", fig_final_loss(runs, rows, plt))):
-        an.save_figure(fig, outdir / fname)
+        save_figure(fig, outdir / fname)
         figures.append(fname)
     write_csv(rows, outdir / "compare.csv")
     (outdir / "compare.md").write_text(markdown(rows, figures, notes))
@@ -216,4 +218,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    an.cli(PROG, main)
+    runfile.cli(PROG, main)

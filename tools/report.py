@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from gem_mpi.outputs import analysis as an
+from gem_mpi.outputs import figures, runfile
 
 PROG = "report.py"
 FINAL_FRACTION = 0.1  # "final training loss": mean over the last 10 % of updates
@@ -47,7 +48,7 @@ def _raw_and_smooth(ax: Any, x: np.ndarray, raw: np.ndarray, smooth: np.ndarray,
     ax.plot(x, smooth, "-", color=color, linewidth=1.4, label=label)
 
 
-def fig_loss(run: an.Run, plt: Any, out: Outcome) -> Any:
+def fig_loss(run: runfile.Run, plt: Any, out: Outcome) -> Any:
     """Training loss against worker steps and against the master's seconds."""
     by_steps = an.loss_by_steps(run)
     if by_steps is None:
@@ -75,7 +76,7 @@ def fig_loss(run: an.Run, plt: Any, out: Outcome) -> Any:
     return fig
 
 
-def fig_eval(run: an.Run, plt: Any, out: Outcome) -> Any:
+def fig_eval(run: runfile.Run, plt: Any, out: Outcome) -> Any:
     """Test accuracy and loss of the central variable at each evaluation."""
     loss = run.eval_col("test_loss")
     if loss is None or loss.size == 0:
@@ -108,11 +109,11 @@ def fig_eval(run: an.Run, plt: Any, out: Outcome) -> Any:
     return fig
 
 
-def _not_gem(run: an.Run, what: str) -> str:
+def _not_gem(run: runfile.Run, what: str) -> str:
     return f"no {what} columns: method {run.method} records none (GEM only)"
 
 
-def fig_pi(run: an.Run, plt: Any, out: Outcome) -> Any:
+def fig_pi(run: runfile.Run, plt: Any, out: Outcome) -> Any:
     """Median π over worker steps (the paper's figure 3)."""
     med = an.median_pi(run)
     if med is None:
@@ -129,7 +130,7 @@ def fig_pi(run: an.Run, plt: Any, out: Outcome) -> Any:
     return fig
 
 
-def fig_pi_heatmap(run: an.Run, plt: Any, out: Outcome) -> Any:
+def fig_pi_heatmap(run: runfile.Run, plt: Any, out: Outcome) -> Any:
     """Per-tensor median π over master updates (the paper's figures 9 and 10)."""
     heat = an.pi_heatmap(run)
     if heat is None:
@@ -150,7 +151,7 @@ def fig_pi_heatmap(run: an.Run, plt: Any, out: Outcome) -> Any:
     return fig
 
 
-def fig_staleness(run: an.Run, plt: Any, out: Outcome) -> Any:
+def fig_staleness(run: runfile.Run, plt: Any, out: Outcome) -> Any:
     """Staleness histogram, its mean beside the n − 1 that theory expects."""
     st, shares = an.staleness(run), an.staleness_shares(run)
     if st is None or shares is None:
@@ -165,7 +166,7 @@ def fig_staleness(run: an.Run, plt: Any, out: Outcome) -> Any:
     return fig
 
 
-def fig_energy(run: an.Run, plt: Any, out: Outcome) -> Any:
+def fig_energy(run: runfile.Run, plt: Any, out: Outcome) -> Any:
     """Central-variable energy over proxy energy: 1 is what GEM aims for."""
     ratio = an.energy_ratio(run)
     if ratio is None:
@@ -187,7 +188,7 @@ def fig_energy(run: an.Run, plt: Any, out: Outcome) -> Any:
     return fig
 
 
-def _rejected_text(run: an.Run) -> str:
+def _rejected_text(run: runfile.Run) -> str:
     if run.method == "sync":
         return "n/a (sync: no master; every step averages all workers' gradients)"
     count = an.rejected(run)
@@ -195,7 +196,7 @@ def _rejected_text(run: an.Run) -> str:
         "counted them)"
 
 
-def fig_throughput(run: an.Run, plt: Any, out: Outcome) -> Any:
+def fig_throughput(run: runfile.Run, plt: Any, out: Outcome) -> Any:
     """Updates per second applied by the master."""
     tp = an.throughput(run)
     if tp is None:
@@ -215,7 +216,7 @@ def fig_throughput(run: an.Run, plt: Any, out: Outcome) -> Any:
     return fig
 
 
-def fig_workers(run: an.Run, plt: Any, out: Outcome) -> Any:
+def fig_workers(run: runfile.Run, plt: Any, out: Outcome) -> Any:
     """Updates each worker contributed: fairness at a glance."""
     counts = an.worker_counts(run)
     if not counts:
@@ -245,9 +246,9 @@ FIGURES = [
 ]
 
 
-def make_figures(run: an.Run, outdir: Path) -> Outcome:
+def make_figures(run: runfile.Run, outdir: Path) -> Outcome:
     """Every figure the run's columns allow; a skipped figure's old file is removed."""
-    plt = an.pyplot()
+    plt = figures.pyplot()
     out = Outcome()
     for fname, caption, make in FIGURES:
         if run.n_updates == 0 and fname != "eval.png":
@@ -262,7 +263,7 @@ def make_figures(run: an.Run, outdir: Path) -> Outcome:
         if not run.finished:
             result.suptitle(f"{run.name}: unfinished run ({run.n_updates} updates written)",
                             fontsize=8, color="C3")
-        an.save_figure(result, target)
+        figures.save_figure(result, target)
         out.figures.append((fname, caption))
     return out
 
@@ -271,7 +272,7 @@ def _num(x: float, fmt: str = ".4g") -> str:
     return "n/a" if not math.isfinite(x) else format(x, fmt)
 
 
-def summary_markdown(run: an.Run, out: Outcome) -> str:
+def summary_markdown(run: runfile.Run, out: Outcome) -> str:
     """The run's numbers, each computed by gem_mpi.outputs.analysis, plus the figures' index."""
     cfg, wall = run.config, an.wall_seconds(run)
     rows: list[tuple[str, str]] = [("file", f"`{run.path}`")]
@@ -364,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """Report one run; returns the exit code."""
     args = build_parser().parse_args(argv)
-    run = an.load_run(args.run)
+    run = runfile.load_run(args.run)
     path = Path(args.run)
     outdir = Path(args.output) if args.output else path.with_name(path.stem + "_report")
     outdir.mkdir(parents=True, exist_ok=True)
@@ -378,4 +379,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    an.cli(PROG, main)
+    runfile.cli(PROG, main)

@@ -22,26 +22,27 @@ import time
 import numpy as np
 
 from gem_mpi.outputs import analysis as an
+from gem_mpi.outputs import runfile
 
 PROG = "watch.py"
 WINDOW = 200  # rows the loss/staleness/π figures of a line are taken over, at least
 MAX_READ = 5000  # rows read per line at most, however fast the run goes
 
 
-def _open(path: str, wait: float, interval: float) -> an.RunFollower:
+def _open(path: str, wait: float, interval: float) -> runfile.RunFollower:
     """Open the run, retrying for up to ``wait`` seconds (the file may not exist yet, or
     its writer may not have switched SWMR on yet)."""
     deadline = time.monotonic() + wait
     while True:
         try:
-            return an.RunFollower(path)
-        except an.RunFileError:
+            return runfile.RunFollower(path)
+        except runfile.RunFileError:
             if time.monotonic() >= deadline:
                 raise
             time.sleep(min(1.0, interval))
 
 
-def status_line(fo: an.RunFollower, prev_rows: int, prev_time: float) -> tuple[str, float]:
+def status_line(fo: runfile.RunFollower, prev_rows: int, prev_time: float) -> tuple[str, float]:
     """One compact line about the rows since the previous one; returns it and the master
     time of the last row."""
     n = fo.n_updates()
@@ -80,7 +81,7 @@ def status_line(fo: an.RunFollower, prev_rows: int, prev_time: float) -> tuple[s
     return " | ".join(parts), now
 
 
-def follow(fo: an.RunFollower, interval: float, timeout: float) -> int:
+def follow(fo: runfile.RunFollower, interval: float, timeout: float) -> int:
     """Print a status line every interval until the run finishes or stops growing."""
     print(f"{PROG}: {fo.path}: {fo.label}, {fo.model}; a line every {interval:g} s until "
           "it finishes", flush=True)
@@ -142,4 +143,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    an.cli(PROG, main)
+    runfile.cli(PROG, main)

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from fashion_resnet import make_model
 from torch.utils.data import DataLoader, TensorDataset
 
-from gem_mpi.problem.data import iterate_batches, load_split
+from gem_mpi.problem.batches import iterate_batches
+from gem_mpi.problem.datasets import load_split
 
 
 def tensors(split: str) -> TensorDataset:

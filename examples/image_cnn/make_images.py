@@ -11,7 +11,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from gem_mpi.problem.data import load_split
+from gem_mpi.problem.datasets import load_split
 
 CLASSES = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker",
            "bag", "boot")

@@ -20,11 +20,20 @@ process minutes apart, never numbers from another run. ``--json PATH`` writes th
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
+
+# What each bench module's ``register(sub)`` adds its subcommand to; the subparser it returns
+# carries ``run`` (the parsed options -> the result, None off rank 0) and ``show`` (prints it)
+Subcommands = argparse._SubParsersAction
+
+
+class OptionError(Exception):
+    """An option a bench refuses once parsed: reported as argparse reports its own (exit 2)."""
 
 
 def _time(fn: Callable[[], object], min_seconds: float = 0.3, min_calls: int = 5) -> float:

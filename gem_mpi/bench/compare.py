@@ -11,9 +11,9 @@ import time
 
 from gem_mpi.baseline.diloco import check_diloco
 from gem_mpi.baseline.sync import check_ddp, check_horovod
-from gem_mpi.bench import _machine, mpi_env
+from gem_mpi.bench import Subcommands, _machine, mpi_env
 from gem_mpi.config import ASYNC_METHODS, DDP, DILOCO, SYNC, SYNC_METHODS, synchronous
-from gem_mpi.outputs import analysis
+from gem_mpi.outputs import analysis, runfile
 
 COMPARE_METHODS = (*ASYNC_METHODS, *SYNC_METHODS)
 
@@ -35,7 +35,7 @@ def run_training(mpirun: str, ranks: int, train_args: list[str], h5: str,
     if res.returncode != 0:
         tail = "\n".join(res.stderr.strip().splitlines()[-5:])
         raise SystemExit(f"bench {who}: a run failed (exit {res.returncode}):\n{tail}")
-    return analysis.load_run(h5), job_s
+    return runfile.load_run(h5), job_s
 
 
 def _compare_run(method: str, workers: int, args: argparse.Namespace, out_dir: str) -> dict:
@@ -106,3 +106,29 @@ def print_compare(result: dict) -> None:
           "the run (diloco evaluates at its rounds' ends only); "
           "samples/s: while every worker still ran; speedup: base's time to target over this "
           "method's")
+
+
+def register(sub: Subcommands) -> argparse.ArgumentParser:
+    """``compare``: its options, and what runs and prints it."""
+    p = sub.add_parser("compare", help="GEM vs the other asynchronous rules vs synchronous "
+                       "SGD (Horovod, DDP) vs DiLoCo, each a real mpirun job (run it outside "
+                       "mpirun)")
+    p.add_argument("--methods", nargs="+", default=list(COMPARE_METHODS),
+                   choices=COMPARE_METHODS,
+                   help="methods, one run each; ratios against sync when it is there")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--straggler", default="2:5", help="WORKER:FACTOR, as gem_mpi.train's "
+                   "option ('' for none)")
+    p.add_argument("--model", default="mnist-cnn")
+    p.add_argument("--dataset", default="fashion-mnist")
+    p.add_argument("--max-steps", type=int, default=300, help="steps per worker")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--eval-every", type=int, default=25, help="evaluate every this many "
+                   "steps per worker (every workers × this many updates when asynchronous)")
+    p.add_argument("--target-accuracy", type=float, default=0.75)
+    p.add_argument("--diloco-steps", type=int, default=20, help="diloco's H: inner steps "
+                   "per round")
+    p.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
+                   help="launcher command line (one node)")
+    p.set_defaults(run=bench_compare, show=print_compare)
+    return p

@@ -36,7 +36,7 @@ from typing import Self
 
 import numpy as np
 
-from gem_mpi.bench import _machine
+from gem_mpi.bench import Subcommands, _machine
 from gem_mpi.bench.compare import run_training
 from gem_mpi.bench.overhead import ceiling
 from gem_mpi.bench.overlap import WIRES  # one table of wire formats for both benches
@@ -473,3 +473,43 @@ def _print_floor(result: dict) -> None:
           f"{_shares(best)}): {'met' if best['gpu_floor_met'] else 'NOT MET'}; rows meeting "
           f"it: {'; '.join(_label(r) for r in rows if r['gpu_floor_met']) or 'none'} (a "
           "verdict, not a failure of the check)")
+
+
+def register(sub: Subcommands) -> argparse.ArgumentParser:
+    """``gpu``: its options, and what runs and prints it."""
+    p = sub.add_parser("gpu", help="the GPU check: 1 master + n workers sharing one CUDA "
+                       "device, ResNet-18 on generated images, against the plain loop on the "
+                       "same device; a row per worker order, precision, wire format and CUDA "
+                       "MPS setting, each for about --seconds; exits 1 unless the loss fell "
+                       "and θ stayed finite (run it outside mpirun; tools/gpu_check.sh "
+                       "prepares a bare GPU machine)")
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=30.0, help="training time per row")
+    p.add_argument("--modes", nargs="+", default=list(WORKER_MODES), choices=WORKER_MODES,
+                   help="worker orders (--worker-mode), each with every --amps and --wires")
+    p.add_argument("--amps", nargs="+", default=[AMP_OFF], choices=AMP_MODES,
+                   help="the workers' precisions (--amp), each with every mode; where a row "
+                   "has a bf16 twin, bf16's steps/s are printed against float32's")
+    p.add_argument("--wires", nargs="+", default=["float32"], choices=list(WIRES),
+                   help="wire formats of an update, each with every mode")
+    p.add_argument("--best", type=combo_of, default=combo_of(best_default()),
+                   help="MODE:AMP:WIRE, one more row beside the matrix (the combination suited "
+                   f"to a GPU; default {best_default()}), or 'none'")
+    p.add_argument("--mps", default="auto", choices=["auto", "off"],
+                   help="auto: where CUDA MPS's daemon starts, run rows again with the workers "
+                   "as its clients (--mps-rows), then stop it; off: never")
+    p.add_argument("--mps-rows", default="best", choices=["best", "all"],
+                   help="the rows run again under MPS: --best's, or every row")
+    p.add_argument("--plain-steps", type=int, default=200,
+                   help="timed steps of the plain loop (one process, no MPI) at each "
+                   "precision, after 10 of warm-up")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--calibration-steps", type=int, default=20,
+                   help="steps per worker of the run that sizes the others")
+    p.add_argument("--cpu", action="store_true", help="a dry run on the CPU (no CUDA, no MPS)")
+    p.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
+                   help="launcher command line (one node)")
+    p.set_defaults(run=bench_gpu, show=print_gpu)
+    return p

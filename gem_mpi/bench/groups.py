@@ -7,7 +7,7 @@ import argparse
 import os
 import tempfile
 
-from gem_mpi.bench import _machine
+from gem_mpi.bench import Subcommands, _machine
 from gem_mpi.bench.compare import run_training
 from gem_mpi.outputs import analysis
 
@@ -67,3 +67,21 @@ def print_groups(result: dict) -> None:
         print("  ".join(f"{v!s:>10}" for v in vals))
     print("workers: what the master sees (groups count once); B/sample: bytes committed and "
           "pulled through the master per training sample")
+
+
+def register(sub: Subcommands) -> argparse.ArgumentParser:
+    """``groups``: its options, and what runs and prints it."""
+    p = sub.add_parser("groups", help="worker groups (--group-size) vs as many independent "
+                       "workers: master updates/s, bytes per sample, final loss at equal "
+                       "samples, each a real mpirun job (run it outside mpirun)")
+    p.add_argument("--workers", type=int, default=4, help="worker ranks (plus one master)")
+    p.add_argument("--group-size", type=int, default=2)
+    p.add_argument("--model", default="mnist-cnn")
+    p.add_argument("--dataset", default="fashion-mnist")
+    p.add_argument("--max-steps", type=int, default=200, help="steps per worker or group "
+                   "(a group's step takes G times the samples: as many in all)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")
+    p.add_argument("--mpirun", default="mpirun --oversubscribe --mca btl self,vader",
+                   help="launcher command line (one node)")
+    p.set_defaults(run=bench_groups, show=print_groups)
+    return p

@@ -3,12 +3,13 @@ validated against the reference before it is timed."""
 
 from __future__ import annotations
 
+import argparse
 from functools import partial
 
 import numpy as np
 
 from gem_mpi.algorithm import kernel as gem
-from gem_mpi.bench import _machine, _time
+from gem_mpi.bench import OptionError, Subcommands, _machine, _time
 
 # Bytes the fused GEM step touches per element: a finiteness pass reading Δθ, κ|m|, s
 # (12 B), then the update reading θ, Δθ, κ|m|, s (16 B) and writing θ (4 B).
@@ -297,3 +298,23 @@ def print_kernel(result: dict) -> None:
                     f"{1e6 * r['pool_s']:.1f}", f"{1e6 * r['spawn_s']:.1f}",
                     f"{r['pool_speedup']:.2f}", f"{r['spawn_speedup']:.2f}"]
             print("  ".join(f"{v:>11}" for v in vals))
+
+
+def register(sub: Subcommands) -> argparse.ArgumentParser:
+    """``kernel``: its options, and what runs and prints it."""
+    p = sub.add_parser("kernel", help="fused kernel vs numpy, torch, memcpy and triad, each "
+                       "validated against the numpy reference first")
+    p.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
+    p.add_argument("--no-torch", action="store_true", help="skip the torch eager column")
+    p.add_argument("--threads", type=int, nargs="+", default=None,
+                   help="thread counts, each a row per size (default 1 to the cores; "
+                   "GEM_NUM_THREADS is not read here)")
+    p.set_defaults(run=_run, show=print_kernel)
+    return p
+
+
+def _run(args: argparse.Namespace) -> dict:
+    threads = args.threads or default_threads()
+    if min(threads) < 1:
+        raise OptionError("--threads: every count must be at least 1")
+    return bench_kernel(args.sizes, threads, not args.no_torch)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 
 import numpy as np
 
 from gem_mpi.algorithm import kernel as gem
-from gem_mpi.bench import _machine
+from gem_mpi.bench import Subcommands, _machine
 from gem_mpi.bench.kernel import GEM_BYTES_PER_ELEMENT, _triad_seconds
 from gem_mpi.config import Config
 from gem_mpi.engine import shards
@@ -146,3 +147,27 @@ def print_master(result: dict) -> None:
               f"here, enough for {r['workers_served']:.1f} such workers; its kernel alone "
               f"({r['apply_ms']:.2f} ms an update) would serve "
               f"{r['workers_served_by_kernel']:.1f}")
+
+
+def register(sub: Subcommands) -> argparse.ArgumentParser:
+    """``master``: its options, and what runs and prints it."""
+    p = sub.add_parser("master", help="master updates/s under mpirun (kernel threads: "
+                       "GEM_NUM_THREADS, else the master's default)")
+    p.add_argument("--sizes", type=int, nargs="+", default=[163_790, 1_637_900],
+                   help="parameters (default: the paper's net and 10x)")
+    p.add_argument("--updates", type=int, default=2000, help="updates per size")
+    p.add_argument("--poll-max-ms", type=float, default=5.0,
+                   help="workers' longest sleep between polls (as gem_mpi.train's option)")
+    p.add_argument("--worker-step-ms", type=float, default=None,
+                   help="a worker's step time (e.g. a GPU's, from bench gpu): print how many "
+                   "such workers the measured master rate would keep busy")
+    p.add_argument("--masters", type=int, nargs="+", default=[1],
+                   help="θ sharded over K master ranks (as gem_mpi.train's --masters): a row "
+                   "per K, side by side, every K with the same workers")
+    p.set_defaults(run=_run, show=print_master)
+    return p
+
+
+def _run(args: argparse.Namespace) -> dict | None:
+    return bench_master(args.sizes, args.updates, args.poll_max_ms, args.worker_step_ms,
+                        args.masters)

@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from gem_mpi.bench import _machine
+from gem_mpi.bench import Subcommands, _machine
 from gem_mpi.bench.compare import run_training
 from gem_mpi.config import AMP_BF16, AMP_OFF, Config
 from gem_mpi.problem import build_problem
@@ -345,3 +345,35 @@ def print_overhead(result: dict) -> None:
         if base:
             print("steps/s against the worker making its batches itself (medians): " + ", ".join(
                 f"{n} loaders {v / base:.2f}x" for n, v in rate.items() if n))
+
+
+def register(sub: Subcommands) -> argparse.ArgumentParser:
+    """``overhead``: its options, and what runs and prints it."""
+    p = sub.add_parser("overhead", help="end-to-end updates/s of the asynchronous methods "
+                       "against the compute ceiling (plain SGD, one process per core), with "
+                       "where the time goes (run it outside mpirun)")
+    p.add_argument("--workers", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--methods", nargs="+", default=["gem", "downpour", "adaptive"])
+    p.add_argument("--worker-modes", nargs="+", default=["wait", "pipelined"],
+                   choices=["wait", "pipelined"], help="a row per worker mode, side by side")
+    p.add_argument("--masters", type=int, nargs="+", default=[1],
+                   help="θ sharded over K master ranks (gem_mpi.train's --masters): a row per "
+                   "K, each with n workers (n + K ranks)")
+    p.add_argument("--steps", type=int, default=600, help="steps per worker")
+    p.add_argument("--ceiling-steps", type=int, default=300, help="steps per ceiling process")
+    p.add_argument("--repeat", type=int, default=1, help="runs per row, each between two "
+                   "ceiling measurements; with more than one, the medians are printed too")
+    p.add_argument("--shared-max", type=int, default=16, help="measure the time-shared "
+                   "ceiling (n plain processes at once) for n up to this many workers")
+    p.add_argument("--model", default="mnist-cnn")
+    p.add_argument("--dataset", default="fashion-mnist")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--loader-workers", type=int, nargs="+", default=[0],
+                   help="gem_mpi.train's --loader-workers: a row per value, side by side; "
+                   "with a value above 0, also one worker's loop alone (no MPI) for each, "
+                   "alternated, split into waiting for batches and computing")
+    p.add_argument("--mpirun", nargs="+", default=["mpirun --oversubscribe --mca btl self,vader"],
+                   help="launcher command line(s) (one node); with several, every run is made "
+                   "with each, side by side against the same ceiling")
+    p.set_defaults(run=bench_overhead, show=print_overhead)
+    return p

@@ -31,11 +31,11 @@ import time
 import numpy as np
 
 from gem_mpi.algorithm import kernel as gem
-from gem_mpi.bench import _machine, _time
+from gem_mpi.bench import Subcommands, _machine, _time
 from gem_mpi.bench.compare import run_training
 from gem_mpi.bench.kernel import _inputs
 from gem_mpi.config import Config
-from gem_mpi.outputs import analysis
+from gem_mpi.outputs import analysis, runfile
 from gem_mpi.protocol import WORKER_TIME_SPLIT, update_payload
 
 ORDERS = ("wait", "pipelined", "overlap")  # --worker-mode values, each a row
@@ -125,7 +125,7 @@ def _train_args(args: argparse.Namespace, order: str, wire: str, steps: int) -> 
             "--log-every", "60", "--worker-mode", order, *WIRES[wire]]
 
 
-def _row(run: analysis.Run, args: argparse.Namespace, workers: int, order: str, wire: str,
+def _row(run: runfile.Run, args: argparse.Namespace, workers: int, order: str, wire: str,
          steps: int, job_s: float, capacity: dict) -> dict:
     """One job's row: the workers' steps/s, their split, the master's, the bytes."""
     wt, summary = run.worker_time, run.summary
@@ -231,3 +231,32 @@ def print_overlap(result: dict) -> None:
                    key=lambda r: r["ratio"])
         print(f"{workers} worker(s): best ratio {best['ratio']:.2f} ({best['order']}, "
               f"{best['wire']})")
+
+
+def register(sub: Subcommands) -> argparse.ArgumentParser:
+    """``overlap``: its options, and what runs and prints it."""
+    p = sub.add_parser("overlap", help="a worker whose compute releases the GIL (a CPU "
+                       "stand-in for an accelerator): steps/s per worker against the compute "
+                       "alone, a row per worker order and wire format, with where the time "
+                       "goes and the master's capacity (run it outside mpirun)")
+    p.add_argument("--params", type=int, required=True, help="float32 parameters of the model")
+    p.add_argument("--step-ms", type=float, required=True,
+                   help="a worker's compute per step, milliseconds (slept, GIL released)")
+    p.add_argument("--workers", type=int, nargs="+", required=True,
+                   help="workers per run (1 master beside them): a row each")
+    p.add_argument("--orders", nargs="+", default=list(ORDERS), choices=ORDERS,
+                   help="worker orders (gem_mpi.train's --worker-mode), a row each")
+    p.add_argument("--wires", nargs="+", default=list(WIRES), choices=list(WIRES),
+                   help="wire formats of an update, a row each")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=int, default=None, help="steps per worker")
+    budget.add_argument("--seconds", type=float, default=30.0,
+                        help="steps per worker for this long at the compute ceiling "
+                        "(default; the run takes longer by what it falls short)")
+    p.add_argument("--mpirun", default="mpirun --oversubscribe --bind-to none --mca btl "
+                   "self,vader", help="launcher command line (one node; unbound, so that a "
+                   "worker's compute thread and its communication thread may run on two "
+                   "cores, as a GPU worker's host threads do: Open MPI binds each of two "
+                   "ranks to one core otherwise)")
+    p.set_defaults(run=bench_overlap, show=print_overlap)
+    return p

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
-from gem_mpi.bench import _machine, _time
+from gem_mpi.bench import Subcommands, _machine, _time
 from gem_mpi.transport import MPI, start_mpi
 
 
@@ -63,3 +65,16 @@ def print_transport(result: dict) -> None:
                 f"{1e6 * r['memcpy_s']:.1f}", f"{r['get_GBps']:.2f}", f"{r['put_GBps']:.2f}",
                 f"{r['memcpy_GBps']:.2f}", f"{r['get_GBps'] / r['memcpy_GBps']:.2f}"]
         print("  ".join(f"{v:>11}" for v in vals))
+
+
+def register(sub: Subcommands) -> argparse.ArgumentParser:
+    """``transport``: its options, and what runs and prints it."""
+    p = sub.add_parser("transport", help="Get/Put between 2 ranks under mpirun")
+    p.add_argument("--sizes", type=int, nargs="+",
+                   default=[10_000, 100_000, 1_000_000, 10_000_000])
+    p.set_defaults(run=_run, show=print_transport)
+    return p
+
+
+def _run(args: argparse.Namespace) -> dict | None:
+    return bench_transport(args.sizes)

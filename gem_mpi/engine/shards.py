@@ -1,7 +1,7 @@
 """θ sharded over K master ranks (``--masters K``): the cut, and how the masters agree.
 
 Ranks 0..K−1 are masters; master k holds θ's tensors ``plan.tensors[k]`` (elements
-``plan.bounds[k]``, a tensor is never split: :func:`gem_mpi.protocol.shard_cut`) in windows
+``plan.bounds[k]``, a tensor is never split: :func:`shard_cut`) in windows
 of its own, on its shard's communicator (:func:`gem_mpi.transport.endpoints.shard_comm`), so
 each shard has its own clock, tickets, mailboxes, versioned θ and roll, exactly those of a
 one-master run over its part of θ. GEM, DOWNPOUR and adaptive staleness are element-wise,
@@ -16,7 +16,7 @@ masters (followers) only apply, and talk to the lead over the masters' link
 (:mod:`gem_mpi.transport.link`) in the typed messages of :mod:`gem_mpi.protocol`, never on
 the data path:
 
-    follower -> lead   Rows (its metrics rows, every quarter second or so), At (its
+    follower -> lead   Rows (its /shard<k> rows, every quarter second or so), At (its
                        next_seq), State (its part of a checkpoint), Piece (its θ), Final (its
                        part at the end), Diverged (its θ is not finite), Bye (after End)
     lead -> follower   Hold, Cut (to a target next_seq), Go, Gather (θ), End (the stop word)
@@ -65,7 +65,6 @@ from gem_mpi.protocol import (
     ShardState,
     State,
     layout,
-    shard_cut,
 )
 from gem_mpi.run.supervisor import OUTCOME_OF, Outcome, Verdict
 from gem_mpi.transport import MPI, Backoff
@@ -74,6 +73,36 @@ from gem_mpi.transport.link import Link, MessageLink
 
 LEAD = 0
 BF16_NAN = 0x7FC0  # a quiet NaN's bf16 bits
+
+
+def shard_cut(sizes: list[int], masters: int) -> list[tuple[int, int]]:
+    """θ cut over ``masters`` shards on tensor boundaries: per shard, the range [lo, hi) of
+    tensor indices it holds (contiguous, in order, at least one tensor each). A tensor is
+    never split, so each shard's per-tensor statistics are those of whole tensors. Of all
+    such cuts, the one whose largest shard is smallest (the slowest master bounds the run);
+    ValueError when there are fewer tensors than shards."""
+    t_count = len(sizes)
+    if masters > t_count:
+        raise ValueError(f"--masters {masters}: θ is cut between tensors and this model has "
+                         f"only {t_count}, so at most {t_count} masters")
+    ends = [0, *np.cumsum(np.asarray(sizes, dtype=np.int64)).tolist()]
+    # best[k][t]: the smallest largest shard of tensors [0, t) cut into k shards
+    inf = float("inf")
+    best = [[inf] * (t_count + 1) for _ in range(masters + 1)]
+    back = [[0] * (t_count + 1) for _ in range(masters + 1)]
+    best[0][0] = 0
+    for k in range(1, masters + 1):
+        for t in range(k, t_count + 1):
+            for c in range(k - 1, t):
+                cost = max(best[k - 1][c], ends[t] - ends[c])
+                if cost < best[k][t]:
+                    best[k][t], back[k][t] = cost, c
+    cuts, t = [t_count], t_count
+    for k in range(masters, 0, -1):
+        t = back[k][t]
+        cuts.append(t)
+    cuts.reverse()
+    return [(cuts[k], cuts[k + 1]) for k in range(masters)]
 
 
 @dataclass(frozen=True)
@@ -169,7 +198,7 @@ class Follower:
         self.data_plan = None  # the lead keeps the plans
         self.word: int | None = None  # the lead's stop word, once it said it
         self.held = False
-        self._rows: list[tuple[str, dict]] = []
+        self._rows: list[dict] = []
         self._sent_at = time.monotonic()
         self._reported = False  # θ found not finite, and said
         self.t0 = time.perf_counter()
@@ -191,10 +220,12 @@ class Follower:
         """The lead keeps the plans."""
 
     def record_update(self, row: dict) -> None:
-        self._rows.append(("update", row))
+        self._rows.append(row)
 
     def record_rejected(self, row: dict) -> None:
-        self._rows.append(("rejected", row))
+        """Not sent: ``/rejected`` is shard 0's. An update non-finite in any shard's part is
+        poisoned in every shard's (:meth:`Plan.poison_all`), so the lead's rows already name
+        each one once; this shard's count reaches ``/summary/shard_rejected`` in its Final."""
 
     def observe(self, loss: float, position: int, theta: np.ndarray) -> None:
         """The lead watches the loss; each shard watches its own θ (every 100 updates)."""
@@ -315,9 +346,8 @@ class Lead:
             source, msg = got
             match msg:
                 case Rows(rows=rows):
-                    for table, row in rows:
-                        if table == "update":
-                            self.sup.record_shard_update(source, row)
+                    for row in rows:
+                        self.sup.record_shard_update(source, row)
                 case Diverged(why=why):
                     self.sup.shard_diverged(why)
                 case Final():
@@ -360,4 +390,4 @@ class Lead:
 
 
 __all__ = ["LEAD", "Follower", "Lead", "LeadSupervisor", "Plan", "ShardEngine", "connect",
-           "plan"]
+           "plan", "shard_cut"]

@@ -48,9 +48,9 @@ def build_problem(data: DataConfig, with_theta0: bool) -> Problem:
         return Problem(names, sizes, q.theta0() if with_theta0 else None, quadratic=q)
     import torch
 
-    # data and models import torch: here, so that the quadratic problem never loads it
-    from gem_mpi.problem.data import dataset_spec
+    # models import torch: here, so that the quadratic problem never loads it
     from gem_mpi.problem.models import build_model
+    from gem_mpi.problem.spec import dataset_spec
 
     torch.manual_seed(data.seed)  # θ₀ is a function of --seed alone
     if is_plugin(data.model):

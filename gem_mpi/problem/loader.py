@@ -1,12 +1,12 @@
 """A worker's training batches, made in its own process or in loader processes
 (``--loader-workers N``: torch DataLoader worker processes).
 
-Both follow one plan (:func:`gem_mpi.problem.data.batch_plan`) and make each batch with the
-same function (:meth:`~gem_mpi.problem.data.Split.make`), so they give the same batches bit
+Both follow one plan (:func:`gem_mpi.problem.batches.batch_plan`) and make each batch with the
+same function (:meth:`~gem_mpi.problem.splits.Split.make`), so they give the same batches bit
 for bit, whatever the dataset. The plan stays in the worker's process and hands each loader
 process the step and the sample indices of the batch to make. A dataset's augmentation draws
 from torch's global generator, which the worker seeds per (seed, worker, step) just before
-it makes a batch (:func:`~gem_mpi.problem.data.seed_step`); a loader process seeds it the same
+it makes a batch (:func:`~gem_mpi.problem.seeds.seed_step`); a loader process seeds it the same
 way before making the batch and returns the generator's state with it, which the worker then
 takes as its own, so the model's dropout draws on from where the batch left the generator,
 as it does when the worker made the batch itself.
@@ -31,7 +31,9 @@ from typing import Any, Protocol
 
 import torch
 
-from gem_mpi.problem.data import BatchPlan, Split, batch_plan, iterate_batches, seed_step
+from gem_mpi.problem.batches import BatchPlan, batch_plan, iterate_batches
+from gem_mpi.problem.seeds import seed_step
+from gem_mpi.problem.splits import Split
 
 PREFETCH = 2  # batches each loader process makes ahead (DataLoader's prefetch_factor)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -129,10 +131,10 @@ def load_batches(split: Split, batch_size: int, epochs: int, seed: int,
                  shard: tuple[int, int] | None = None, start: int = 0, *, workers: int = 0,
                  step_seed: tuple[int, int] = (0, 0), pin_memory: bool = False,
                  plan: BatchPlan | None = None) -> BatchStream:
-    """A worker's training batches, as :func:`gem_mpi.problem.data.iterate_batches` gives
+    """A worker's training batches, as :func:`gem_mpi.problem.batches.iterate_batches` gives
     them (shuffled, whole batches, from batch ``start`` on), made in this process
     (``workers`` 0) or in ``workers`` loader processes. ``step_seed``: (seed, worker) of
-    :func:`~gem_mpi.problem.data.seed_step`, with which the worker seeds each step.
+    :func:`~gem_mpi.problem.seeds.seed_step`, with which the worker seeds each step.
     ``plan``: follow this plan instead (a worker's dealt batches, already from ``start``)."""
     if plan is not None:
         return (LoaderBatches(plan, workers, step_seed, pin_memory) if workers else

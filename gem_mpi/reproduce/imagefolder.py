@@ -1,7 +1,7 @@
 """A small generated ImageFolder for E8 (AlexNet), since ImageNet is not available here.
 
 ``--dataset imagenet --data-dir DIR`` wants ``DIR/train/<class>/*`` and ``DIR/val/<class>/*``
-(gem_mpi/problem/data.py). Each class here is a colour and a stripe pattern (orientation and
+(gem_mpi/problem/imagenet.py). Each class here is a colour and a stripe pattern (orientation and
 frequency depend on the class) under per-image noise, a random phase and a random brightness,
 so the task is learnable but not trivial, and survives the random crops and flips the
 training transform applies. The images are deterministic in the seed: regenerating gives

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gem_mpi.outputs import analysis
+from gem_mpi.outputs import analysis, figures
 from gem_mpi.reproduce import experiments as ex
 from gem_mpi.reproduce import runner
 from gem_mpi.reproduce.results import (
@@ -48,7 +48,7 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _figure(out: Path, name: str, fig, caption: str) -> list[str]:
-    analysis.save_figure(fig, out / name)
+    figures.save_figure(fig, out / name)
     return [f"![{caption}]({name})", "", f"*{caption}*", ""]
 
 
@@ -115,7 +115,7 @@ def _curves(ax, res: Results, groups: dict, label: Callable, curve=loss_curve,
 # --- the experiments ------------------------------------------------------------------------
 
 def _e1(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
-    plt = analysis.pyplot()
+    plt = figures.pyplot()
     runs = list(exp.runs)
     variants = [v for v, _, _ in ex.E1_VARIANTS]
     ns = sorted({r.n for r in runs})
@@ -149,7 +149,7 @@ def _e1(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
 
 
 def _e2(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
-    plt = analysis.pyplot()
+    plt = figures.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     rows = []
     for run in exp.runs:
@@ -200,7 +200,7 @@ E3_LEVEL = (
 
 
 def _e3(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
-    plt = analysis.pyplot()
+    plt = figures.pyplot()
     runs = [r for r in res.exps["E1"].runs if r.method == "gem"]
     readings = sorted({r.variant for r in runs})
     ns = sorted({r.n for r in runs})
@@ -244,7 +244,7 @@ END_SHARE = 0.05  # "the end of a run": its last 5 % of updates
 def _staleness(res: Results, runs: list[ex.Run], out: Path) -> list[str]:
     """Staleness as it was: τ's histogram, how far apart the workers got, π against τ, and
     π at the end of the run, when the workers that finished early have left."""
-    plt = analysis.pyplot()
+    plt = figures.pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
     a, b, c, d = axes
     rows, rises = [], []
@@ -340,7 +340,7 @@ def e4_speedups(res: Results, runs: list[ex.Run]) -> dict[int, dict[str, Stat]]:
 
 
 def _e4(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
-    plt = analysis.pyplot()
+    plt = figures.pyplot()
     runs = list(exp.runs)
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.8))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -444,7 +444,7 @@ def e5_rises(res: Results, exp: ex.Experiment) -> dict[str, list[Rise]]:
 
 
 def _e5(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
-    plt = analysis.pyplot()
+    plt = figures.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     rises = e5_rises(res, exp)
     rows = []
@@ -486,7 +486,7 @@ def _e5(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
 
 
 def _e6(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
-    plt = analysis.pyplot()
+    plt = figures.pyplot()
     runs = list(exp.runs)
     msgd = [r for r in runs if r.variant == "msgd"]
     variants = [v for v, _, _ in ex.E6_VARIANTS]
@@ -511,7 +511,7 @@ def _e6(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
 
 
 def _e7(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
-    plt = analysis.pyplot()
+    plt = figures.pyplot()
     by_n = group(list(exp.runs), lambda r: r.n)
     fig, axes = plt.subplots(len(by_n), 2, figsize=(10, 3.6 * len(by_n)), squeeze=False,
                              sharex="row", sharey="col")
@@ -532,7 +532,7 @@ def _e7(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
 
 
 def _e8(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
-    plt = analysis.pyplot()
+    plt = figures.pyplot()
     lines, rows = [], []
     lrs = sorted({r.lr for r in exp.runs}, reverse=True)
     fig, axes = plt.subplots(len(lrs), 2, figsize=(12, 3.8 * len(lrs)), squeeze=False,
@@ -586,7 +586,7 @@ def _e8(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
 def _e9(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     """The global proxy's runs beside the local proxy's (E1's and E6's gem-others), per
     setting: loss curves per n on shared axes, the final loss and the median π against n."""
-    plt = analysis.pyplot()
+    plt = figures.pyplot()
     fig, axes = plt.subplots(len(ex.E9_SETTINGS), 4, figsize=(17, 3.8 * len(ex.E9_SETTINGS)),
                              squeeze=False)
     groups: dict = {}
@@ -723,7 +723,7 @@ def _e10_curves(ax_samples, ax_time, res: Results, methods: dict[str, list[ex.Ru
 def _e10(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     """Per cell (n, straggler or not): test accuracy against samples and against seconds for
     each method; the table of time to target, samples/s, final numbers; the verdicts."""
-    plt = analysis.pyplot()
+    plt = figures.pyplot()
     cells = e10_cells(exp)
     ns = sorted({n for n, _ in cells})
     cases = [c for c, _ in ex.E10_CASES]

@@ -1,8 +1,8 @@
 """What the finished runs say: each run's numbers and their mean ± spread over seeds.
 
 The report's pages and its claims table both read runs through here, and here only through
-gem_mpi/outputs/analysis.py, so that a number printed on two pages is computed once, the
-same way. A run counts when it is done (finished, or stopped by divergence); one that is
+gem_mpi/outputs/runfile.py and analysis.py, so that a number printed on two pages is computed
+once, the same way. A run counts when it is done (finished, or stopped by divergence); one that is
 missing or was cut short is "not run yet", never a guess.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gem_mpi.outputs import analysis
+from gem_mpi.outputs import analysis, runfile
 from gem_mpi.reproduce import experiments as ex
 from gem_mpi.reproduce import runner
 
@@ -50,7 +50,7 @@ class Results:
     def __init__(self, results: Path, exps: dict[str, ex.Experiment],
                  budget: ex.Budget) -> None:
         self.dir, self.exps, self.budget = results, exps, budget
-        self._runs: dict[str, analysis.Run | None] = {}
+        self._runs: dict[str, runfile.Run | None] = {}
 
     def paths(self, run: ex.Run) -> runner.Paths:
         return runner.Paths.of(self.dir, run)
@@ -58,15 +58,15 @@ class Results:
     def record(self, run: ex.Run) -> dict | None:
         return runner.load_record(self.paths(run).record)
 
-    def data(self, run: ex.Run) -> analysis.Run | None:
+    def data(self, run: ex.Run) -> runfile.Run | None:
         """The run's metrics if it is done (finished or diverged), else None."""
         if run.name not in self._runs:
             data = None
             path = self.paths(run).metrics
             if path.exists():
                 try:
-                    data = analysis.load_run(path)
-                except (analysis.RunFileError, OSError):
+                    data = runfile.load_run(path)
+                except (runfile.RunFileError, OSError):
                     data = None
             if data is not None and not (data.finished or analysis.diverged(data)):
                 data = None
@@ -185,7 +185,7 @@ def mean_curve(curves: list[tuple[np.ndarray, ...]]
     return curves[0][0][:k], mean, sd
 
 
-def loss_curve(d: analysis.Run) -> tuple[np.ndarray, np.ndarray]:
+def loss_curve(d: runfile.Run) -> tuple[np.ndarray, np.ndarray]:
     """Smoothed mean worker loss per worker step."""
     loss = d.col("loss")
     if loss is None or loss.size == 0:
@@ -194,7 +194,7 @@ def loss_curve(d: analysis.Run) -> tuple[np.ndarray, np.ndarray]:
     return x, analysis.smooth(y)
 
 
-def pi_curve(d: analysis.Run) -> tuple[np.ndarray, np.ndarray]:
+def pi_curve(d: runfile.Run) -> tuple[np.ndarray, np.ndarray]:
     """Smoothed median π per worker step (empty for methods without π)."""
     pi = analysis.median_pi(d)
     if pi is None:

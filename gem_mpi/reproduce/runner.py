@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gem_mpi.config import synchronous
-from gem_mpi.outputs import analysis
+from gem_mpi.outputs import analysis, runfile
 from gem_mpi.outputs.files import atomic_write
 from gem_mpi.reproduce import experiments as ex
 from gem_mpi.reproduce.imagefolder import generate
@@ -102,8 +102,8 @@ def status(results: Path, run: ex.Run) -> str:
     record = load_record(p.record) or {}
     if p.metrics.exists():
         try:
-            data = analysis.load_run(p.metrics)
-        except (analysis.RunFileError, OSError):
+            data = runfile.load_run(p.metrics)
+        except (runfile.RunFileError, OSError):
             data = None
         if data is not None and data.finished:
             return "finished"
@@ -217,7 +217,8 @@ def git_state() -> dict[str, object]:
 #: What a run executes: the package without the harness, the benchmarks and the offline
 #: analysis, and the extension.
 RUN_CODE = ("gem_mpi", "csrc", "CMakeLists.txt", "setup.py", ":(exclude)gem_mpi/reproduce",
-            ":(exclude)gem_mpi/bench", ":(exclude)gem_mpi/outputs/analysis.py")
+            ":(exclude)gem_mpi/bench", ":(exclude)gem_mpi/outputs/analysis.py",
+            ":(exclude)gem_mpi/outputs/runfile.py", ":(exclude)gem_mpi/outputs/figures.py")
 
 
 def _python_code(source: str) -> str:
@@ -601,8 +602,8 @@ class Harness:
             return "stopped"
         if rc == 0:
             try:
-                return "finished" if analysis.load_run(p.metrics).finished else "failed"
-            except (analysis.RunFileError, OSError):
+                return "finished" if runfile.load_run(p.metrics).finished else "failed"
+            except (runfile.RunFileError, OSError):
                 return "failed"
         return "failed"
 

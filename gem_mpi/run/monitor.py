@@ -39,7 +39,7 @@ class Evaluator:
             # torch and the data modules here: a quadratic run never loads torch
             import torch
 
-            from gem_mpi.problem.data import evaluation_split
+            from gem_mpi.problem.datasets import evaluation_split
 
             self.device = torch.device("cpu")  # the master is a CPU rank
             self.split = evaluation_split(data)
@@ -52,7 +52,8 @@ class Evaluator:
             diff = theta - q.center
             return 0.5 * float(np.dot(q.h * diff, diff)), float("nan")
         # torch: not for the quadratic
-        from gem_mpi.problem.data import iterate_batches, statistics_batches
+        from gem_mpi.problem.batches import iterate_batches
+        from gem_mpi.problem.datasets import statistics_batches
         from gem_mpi.problem.models import evaluate, recompute_batch_norm
 
         model = self.problem.model

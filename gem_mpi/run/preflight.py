@@ -287,7 +287,8 @@ def _check_quadratic_memory(cfg: Config, world_size: int) -> None:
 def _check_data(cfg: Config, world_size: int) -> None:
     """The data is there and each worker's share holds at least one batch (rank 0 reads the
     dataset's headers, or counts ImageFolder images up to what is needed)."""
-    from gem_mpi.problem.data import check_dataset, dataset_spec  # torch: not for the quadratic
+    from gem_mpi.problem.datasets import check_dataset  # torch: not for the quadratic
+    from gem_mpi.problem.spec import dataset_spec
 
     g = cfg.runtime.group_size  # a worker group's step takes G × --batch-size samples
     d = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * g)
@@ -331,8 +332,10 @@ def check_user_code(data: DataConfig, loss: Loss, batch_size: int) -> None:
     # torch and the modules that import it, here: a quadratic run never loads them
     import torch
 
-    from gem_mpi.problem.data import dataset_spec, iterate_batches, load_split
+    from gem_mpi.problem.batches import iterate_batches
+    from gem_mpi.problem.datasets import load_split
     from gem_mpi.problem.models import build_model as build_builtin
+    from gem_mpi.problem.spec import dataset_spec
 
     if is_plugin(data.model):
         model = build_users_model(data.model)

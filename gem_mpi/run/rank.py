@@ -129,7 +129,7 @@ def seed_dropout(seed: int, worker: int, step: int) -> None:
     per step, a resumed run draws the masks the uninterrupted one would have. The batch of
     the step is made just after (its augmentation draws first), here or in a loader process
     seeded alike (gem_mpi.problem.loader)."""
-    from gem_mpi.problem.data import seed_step  # here: a quadratic run never loads torch
+    from gem_mpi.problem.seeds import seed_step  # here: a quadratic run never loads torch
 
     seed_step(seed, worker, step)
 
@@ -142,10 +142,11 @@ def data_stream(data: DataConfig, worker: int, n_workers: int, start_seq: int = 
     GPU, as :func:`torch_device` decides). ``batches.close()`` ends the loader processes.
     ``runs``: the worker's plan once its run changed its number of workers
     (:mod:`gem_mpi.problem.elastic`), its batches dealt from the first start's streams."""
-    # torch models only (problem.data imports torch; the quadratic never does)
+    # torch models only (the data modules import torch; the quadratic never does)
     import torch
 
-    from gem_mpi.problem.data import dealt_plan, steps_per_epoch, training_split
+    from gem_mpi.problem.batches import dealt_plan, steps_per_epoch
+    from gem_mpi.problem.datasets import training_split
     from gem_mpi.problem.elastic import length
     from gem_mpi.problem.loader import load_batches
 
@@ -191,7 +192,8 @@ def first_plans(data: DataConfig, sources: int, quadratic: bool) -> list:
     if quadratic:
         steps = data.max_steps or data.epochs * max(1, data.synthetic_size // data.batch_size)
         return [source_plan(s, sources, steps, 1) for s in range(1, sources + 1)]
-    from gem_mpi.problem.data import steps_per_epoch, training_split
+    from gem_mpi.problem.batches import steps_per_epoch
+    from gem_mpi.problem.datasets import training_split
 
     split = training_split(data, synthetic_size=data.synthetic_size)
     return [source_plan(s, sources, steps_per_epoch(split, data.batch_size, (s - 1, sources)

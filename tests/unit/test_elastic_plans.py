@@ -18,8 +18,11 @@ import torch
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.checkpoint import Checkpoint
 from gem_mpi.outputs.metrics import MetricsWriter
-from gem_mpi.problem import data, elastic
+from gem_mpi.problem import elastic
+from gem_mpi.problem.batches import dealt_plan, iterate_batches
+from gem_mpi.problem.datasets import load_split
 from gem_mpi.problem.elastic import batch_of, cut, length, redeal, source_plan
+from gem_mpi.problem.seeds import seed_step
 from gem_mpi.protocol import WORKER_TIME_COLUMNS
 
 
@@ -105,13 +108,13 @@ def _dealt(workers: int, runs: list, start: int) -> list[tuple]:
 
     from gem_mpi.problem.loader import load_batches
 
-    split = data.load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=500)
-    plan = data.dealt_plan(split, 20, 300, True, runs, start)
+    split = load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=500)
+    plan = dealt_plan(split, 20, 300, True, runs, start)
     stream = load_batches(split, 20, 1, seed=0, workers=workers, step_seed=(3, 1), plan=plan)
     try:
         out = []
         for seq in itertools.count(start):
-            data.seed_step(3, 1, seq)
+            seed_step(3, 1, seq)
             try:
                 x, y = next(stream)
             except StopIteration:
@@ -125,8 +128,8 @@ RUNS = [(2, 2, 1, 3, 6), (1, 2, 0, 10, 12), (2, 2, 0, 0, 1)]
 
 
 def test_a_dealt_batch_is_the_batch_its_source_makes():
-    split = data.load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=500)
-    sources = {s: list(data.iterate_batches(split, 20, 2, seed=300 + s, shard=(s - 1, 2)))
+    split = load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=500)
+    sources = {s: list(iterate_batches(split, 20, 2, seed=300 + s, shard=(s - 1, 2)))
                for s in (1, 2)}
     got = _dealt(0, RUNS, 1)
     want = [sources[s][e * 12 + j] for s, _, e, lo, hi in RUNS for j in range(lo, hi)][1:]

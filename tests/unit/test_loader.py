@@ -19,8 +19,11 @@ from torch.utils.data import Dataset
 
 from gem_mpi import config
 from gem_mpi.errors import UsageError
-from gem_mpi.problem import data
+from gem_mpi.problem.datasets import load_split
+from gem_mpi.problem.idx import DEBIAN_FASHION_MNIST_DIR
 from gem_mpi.problem.loader import LoaderBatches, load_batches
+from gem_mpi.problem.seeds import seed_step
+from gem_mpi.problem.splits import Split
 from gem_mpi.problem.user import register
 from gem_mpi.run import preflight
 from gem_mpi.run.rank import data_stream
@@ -28,7 +31,7 @@ from gem_mpi.run.rank import data_stream
 pytestmark = pytest.mark.mpi  # loader processes are processes: out of the fast loop
 
 SEED, WORKER = 3, 2  # the (seed, worker) each step's generator is seeded from
-FASHION = data.DEBIAN_FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz"
+FASHION = DEBIAN_FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz"
 
 
 class _Augmented(Dataset):
@@ -64,20 +67,20 @@ def _image_folder(root: Path) -> Path:
     return root
 
 
-def _split(kind: str, tmp_path: Path) -> data.Split:
+def _split(kind: str, tmp_path: Path) -> Split:
     if kind == "fashion-mnist":
-        return data.load_split("fashion-mnist", None, "train", "mnist-cnn")
+        return load_split("fashion-mnist", None, "train", "mnist-cnn")
     if kind == "alexnet-upsampled":  # the arrays' batches resized on the way (bilinear)
-        return data.load_split("fashion-mnist", None, "train", "alexnet")
+        return load_split("fashion-mnist", None, "train", "alexnet")
     if kind == "synthetic":
-        return data.load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=500)
+        return load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=500)
     if kind == "user":
-        return data.load_split(register(augmented, "--dataset"), None, "train", "")
+        return load_split(register(augmented, "--dataset"), None, "train", "")
     # imagenet's ImageFolder: decoding, RandomResizedCrop and flips drawn from the generator
-    return data.load_split("imagenet", str(_image_folder(tmp_path)), "train", "alexnet")
+    return load_split("imagenet", str(_image_folder(tmp_path)), "train", "alexnet")
 
 
-def _take(split: data.Split, workers: int, batch: int, epochs: int, count: int, start: int,
+def _take(split: Split, workers: int, batch: int, epochs: int, count: int, start: int,
           shard: tuple[int, int] | None) -> list[tuple[torch.Tensor, ...]]:
     """``count`` batches as a worker takes them (its step's seed set first), each with a
     draw from the generator after it (what the model's dropout would draw)."""
@@ -86,7 +89,7 @@ def _take(split: data.Split, workers: int, batch: int, epochs: int, count: int, 
     out = []
     try:
         for step in range(start, start + count):
-            data.seed_step(SEED, WORKER, step)
+            seed_step(SEED, WORKER, step)
             x, y = next(stream)
             out.append((x, y, torch.rand(4)))
     finally:
@@ -130,7 +133,7 @@ def test_loader_processes_give_the_in_process_batches_bit_for_bit(
 
 
 def test_the_stream_ends_where_the_plan_ends():
-    split = data.load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=100)
+    split = load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=100)
     stream = load_batches(split, 25, 2, seed=1, start=5, workers=2, step_seed=(0, 1))
     assert len([b for b in stream]) == 3  # 8 batches in all, from the 6th on
     stream.close()
@@ -157,7 +160,7 @@ def test_loader_processes_ignore_stop_signals_and_end_on_close():
     """A stop signal sent to the whole job reaches the loader processes too: the rank handles
     it and closes its loader, so they must outlive the signal, then end on close()."""
     before = _children()
-    split = data.load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=400)
+    split = load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=400)
     stream = load_batches(split, 10, 2, seed=1, workers=2, step_seed=(0, 1))
     assert isinstance(stream, LoaderBatches)
     next(stream)

@@ -25,6 +25,7 @@ from gem_mpi.protocol import (
     Go,
     Hold,
     Piece,
+    Rows,
     ShardState,
     State,
 )
@@ -229,3 +230,22 @@ def test_a_message_out_of_the_protocol_is_an_error_not_ignored():
     ends[LEAD].send(1, "hold")
     with pytest.raises(TypeError, match="unexpected message"):
         engine.sup.between_batches()
+
+
+def test_a_follower_sends_its_update_rows_and_keeps_its_rejected_ones():
+    """/rejected is shard 0's: every shard rejects a poisoned update alike, so the lead's own
+    rows name it once; a follower's rows are its /shard<k> rows only."""
+    ends = links(2)
+    run = FakeRun()
+    lead = Lead(ends[LEAD], 2, run, progress=lambda: None)
+    engine = FakeShard(1, 1)
+    engine.sup = Follower(engine, ends[1], 1, exit_timeout=1.0)
+    engine.sup.record_rejected({"time": 0.0, "worker": 2, "seq": 4, "ticket": 4})
+    engine.sup.record_update({"clock": 1, "worker": 1})
+    lead.send_all(Hold())  # the follower sends its rows now, then says where it is
+    lead.send_all(Go())
+    assert engine.sup.between_batches() is None
+    sent = [msg for _, msg in ends[1].boxes[LEAD] if isinstance(msg, Rows)]
+    assert sent == [Rows([{"clock": 1, "worker": 1}])]  # the rejected row never left
+    lead.drain()
+    assert run.rows == [(1, {"clock": 1, "worker": 1})]

@@ -1,0 +1,33 @@
+"""``python -m gem_mpi.bench``'s command line, built from each bench module's ``register``:
+every subcommand there, in the order of its help, and an option a bench refuses after
+parsing reported as argparse reports its own. In-process: nothing is measured."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from gem_mpi.bench import __main__ as cli
+
+
+def test_every_bench_registers_its_subcommand_and_what_runs_it():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="what")
+    names = []
+    for bench in cli.BENCHES:
+        p = bench.register(sub)
+        names.append(p.prog.split()[-1])
+        assert callable(p.get_default("run")) and callable(p.get_default("show"))
+    assert names == ["kernel", "master", "transport", "compare", "overhead", "gpu", "overlap",
+                     "groups"]
+
+
+def test_a_bad_thread_count_is_a_usage_error_of_the_command(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["kernel", "--threads", "0", "--sizes", "10"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m gem_mpi.bench [-h]")
+    assert err.rstrip().endswith(
+        "python -m gem_mpi.bench: error: --threads: every count must be at least 1")
