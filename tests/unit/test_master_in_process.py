@@ -17,7 +17,7 @@ from gem_mpi.engine.master import Master
 from gem_mpi.engine.orders import ORDERS, wait_order
 from gem_mpi.engine.steps import QuadraticSteps
 from gem_mpi.engine.worker_step import WorkerStep
-from gem_mpi.outputs.analysis import load_run
+from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem import build_problem
 from gem_mpi.protocol import DONE, FINISHED, layout
 from gem_mpi.run.supervisor import Outcome, StopFlag
