@@ -44,6 +44,7 @@ from gem_mpi.protocol import (
     State,
     update_payload,
 )
+from gem_mpi.run.departures import Departures
 from gem_mpi.run.rank import Placement, RankPlace, placement_line, plans_now
 from gem_mpi.run.supervisor import (
     EXIT_CODES,
@@ -127,6 +128,7 @@ class Master:
         self.ep.tolerant = cfg.runtime.worker_loss == LOSS_CONTINUE
         self._lost: set[int] = set()  # workers whose death was handled (--worker-loss)
         self.dealer: Dealer | None = None  # rank 0: a departed worker's batches (attach)
+        self.departures: Departures | None = None  # rank 0: who left, the plans (attach)
         self.cfg = cfg
         self.rejected: dict[int, int] = {}  # per worker
         self.timers = dict.fromkeys(("wait", "apply", "metrics", "mpi"), 0.0)
@@ -146,12 +148,14 @@ class Master:
         followers. The supervisor has restored a resumed state by now."""
         self.sup, self.lead = sup, lead
         self.clock0 = self.clock
-        if self.role is None or self.role.shard == 0:
+        self.departures = sup.departures  # the run's elastic state: rank 0's alone
+        if self.departures is not None:
             self.dealer = Dealer(self.roster, self._plans, self._give, Orders.RUNS)
 
     def _plans(self) -> list[elastic.Plan]:
         """The workers' plans now: as the checkpoint resumed dealt them, else each its own."""
-        return plans_now(self.cfg, self.n_workers, self.sup.data_plan)
+        assert self.departures is not None, "rank 0's dealer asks"
+        return plans_now(self.cfg, self.n_workers, self.departures.data_plan)
 
     def _give(self, worker: int, runs: elastic.Plan, length: int) -> None:
         """Deal ``runs`` to ``worker``: the followers learn it first (they must not count
@@ -160,7 +164,7 @@ class Master:
             self.lead.send_all(Deal(worker, length))
         self.ep.give(worker, runs)
         self.sup.heard(worker)
-        self.sup.expect(worker)
+        self.departures.expect(worker)
 
     def idle_backoff(self, first: float = 20e-6, limit: float = 5e-3) -> Backoff:
         return self.ep.idle_backoff(first, limit)
@@ -413,10 +417,11 @@ class Master:
                 continue
             seq = int(self.next_seq[worker - 1])
             rest = self.dealer.leave(worker, seq)
-            self.sup.departed(worker, seq, self.clock, rest, self.dealer.data_plan(), lost=True)
+            self.departures.departed(worker, seq, self.clock, rest, self.dealer.data_plan(),
+                                     lost=True)
             given = self.dealer.deal()
             if given:
-                self.sup.replan(self.dealer.data_plan(), given)
+                self.departures.replan(self.dealer.data_plan(), given)
 
     def _signed_off(self, kind: int, worker: int, seq: int) -> None:
         """A worker's DONE or LEFT (``seq``: its updates, all applied by now). Rank 0 deals
@@ -435,10 +440,10 @@ class Master:
             dealer.done(worker, seq)
         else:
             rest = dealer.leave(worker, seq)
-            self.sup.departed(worker, seq, self.clock, rest, dealer.data_plan())
+            self.departures.departed(worker, seq, self.clock, rest, dealer.data_plan())
         given = dealer.deal()
         if given:
-            self.sup.replan(dealer.data_plan(), given)
+            self.departures.replan(dealer.data_plan(), given)
 
     def _below(self, slot: int, limit: np.ndarray) -> bool:
         msg = self.ep.take(slot)

@@ -195,7 +195,7 @@ class Follower:
         self.recording = True
         self.recent_loss = float("nan")
         self.summary: dict = {}
-        self.data_plan = None  # the lead keeps the plans
+        self.departures = None  # the lead deals and keeps the plans
         self.word: int | None = None  # the lead's stop word, once it said it
         self.held = False
         self._rows: list[dict] = []
@@ -208,16 +208,6 @@ class Follower:
     # --- what the engine calls --------------------------------------------------------------
     def heard(self, worker: int, finished: bool = False) -> None:
         """The lead's watchdog watches the workers (every worker posts to every shard)."""
-
-    def expect(self, worker: int) -> None:
-        """The lead deals; it watches the workers."""
-
-    def departed(self, worker: int, seq: int, clock: int, rest: int,
-                 data_plan: np.ndarray, lost: bool = False) -> None:
-        """The lead records departures."""
-
-    def replan(self, data_plan: np.ndarray, given: list[tuple[int, int]]) -> None:
-        """The lead keeps the plans."""
 
     def record_update(self, row: dict) -> None:
         self._rows.append(row)

@@ -225,6 +225,11 @@ class LossWatch:
             self.diverged = self.watch.check(self.recent, position, theta)
 
 
+def say(text: str) -> None:
+    """rank 0's one-line messages: progress, the end of the run, errors."""
+    print(f"gem_mpi: {text}", file=sys.stderr, flush=True)
+
+
 class Watchdog:
     """Which worker has sent nothing for longer than ``timeout`` seconds, if any.
 

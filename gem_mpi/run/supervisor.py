@@ -17,7 +17,6 @@ from __future__ import annotations
 import enum
 import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -32,7 +31,8 @@ from gem_mpi.errors import OutputError
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.metrics import MetricsWriter
 from gem_mpi.problem import Problem, save_final
-from gem_mpi.run.monitor import Evaluator, LossWatch, ProgressLine, Watchdog
+from gem_mpi.run.departures import Departures
+from gem_mpi.run.monitor import Evaluator, LossWatch, ProgressLine, Watchdog, say
 
 
 class Outcome(enum.Enum):
@@ -57,11 +57,6 @@ EXIT_CODES = {
 SHUTDOWN = {Outcome.FINISHED: protocol.FINISHED, Outcome.STOPPED: protocol.STOPPED,
             Outcome.DIVERGED: protocol.DIVERGED, Outcome.OUTPUT_FAILED: protocol.OUTPUT_FAILED}
 OUTCOME_OF = {word: outcome for outcome, word in SHUTDOWN.items()}  # a worker's view
-
-
-def say(text: str) -> None:
-    """rank 0's one-line messages: progress, the end of the run, errors."""
-    print(f"gem_mpi: {text}", file=sys.stderr, flush=True)
 
 
 class StopFlag:
@@ -161,24 +156,9 @@ class Supervisor(Protocol):
     recording: bool  # whether rows are wanted now
     recent_loss: float
     summary: dict
-    data_plan: np.ndarray | None  # the workers' plans, once they changed (a checkpoint's)
+    departures: Departures | None  # the run's elastic state: rank 0's alone
 
     def heard(self, worker: int, finished: bool = False) -> None: ...
-
-    def expect(self, worker: int) -> None:
-        """Worker ``worker`` was dealt more batches: it is not finished after all."""
-        ...
-
-    def departed(self, worker: int, seq: int, clock: int, rest: int,
-                 data_plan: np.ndarray, lost: bool = False) -> None:
-        """Worker ``worker`` left after ``seq`` updates (``lost``: its process died), at θ's
-        version ``clock``, with ``rest`` batches of its plan not done; the plans are
-        ``data_plan`` now."""
-        ...
-
-    def replan(self, data_plan: np.ndarray, given: list[tuple[int, int]]) -> None:
-        """Batches were dealt ((worker, batches) each); the plans are ``data_plan`` now."""
-        ...
 
     def record_update(self, row: dict) -> None: ...
 
@@ -290,17 +270,19 @@ class RunSupervisor:
             )
         self.progress = ProgressLine(self.monitor.log_every, unit="upd" if noun == "update"
                                      else "step", noun=f"{noun}s")
-        self.checkpointer = Checkpointer(self.outputs.checkpoint_dir,
-                                         self.outputs.checkpoint_every, cfg.as_dict(),
-                                         n_workers, [engine, _MetricsRows(self.metrics), self])
         self.losses = losses if losses is not None else LossWatch(self.monitor.divergence_factor)
         self.watchdog = Watchdog(n_workers, self.monitor.worker_timeout if watch_workers
                                  else 0.0)
+        self.departures = Departures(
+            cfg, n_workers, resumed.data_plan if resumed else None, self.watchdog,
+            lambda row, left: self._write(lambda m: m.departed(row, left)),
+            self._checkpoint_soon, self.elapsed)
+        self.checkpointer = Checkpointer(self.outputs.checkpoint_dir,
+                                         self.outputs.checkpoint_every, cfg.as_dict(),
+                                         n_workers, [engine, _MetricsRows(self.metrics), self,
+                                                     self.departures])
         if resumed:
             engine.load_state(resumed)
-        # the workers' dealt batches once the worker count changed: every checkpoint on
-        self.data_plan = resumed.data_plan if resumed else None
-        self.departures = 0  # workers that left this run
         self._save_due = False  # a checkpoint at the next check (a worker left)
         self.elapsed0 = resumed.elapsed_s if resumed else 0.0
         self.t0 = time.perf_counter() - self.elapsed0  # a resumed run's times continue
@@ -310,8 +292,7 @@ class RunSupervisor:
 
     # --- the parts of a checkpoint that are the supervisor's --------------------------------
     def state(self) -> dict[str, Any]:
-        return {"elapsed_s": self.elapsed(), "run_id": self.run_id,
-                "data_plan": self.data_plan}
+        return {"elapsed_s": self.elapsed(), "run_id": self.run_id}
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -355,34 +336,8 @@ class RunSupervisor:
         """Worker ``worker`` (1..n) sent a message; ``finished``: its last one."""
         self.watchdog.heard(worker, finished)
 
-    def expect(self, worker: int) -> None:
-        self.watchdog.expect(worker)
-
-    def departed(self, worker: int, seq: int, clock: int, rest: int,
-                 data_plan: np.ndarray, lost: bool = False) -> None:
-        """One line, a row of the metrics file's ``departures`` and a new segment, and a
-        checkpoint at the next check: the job may be killed soon after (preemption)."""
-        self.data_plan = data_plan
-        self.departures += 1
-        left = self.n_workers - self.departures
-        if self.metrics is not None and self.recording:
-            try:
-                self.metrics.departed({"worker": worker, "updates": seq, "clock": clock,
-                                       "not_done": rest, "time": self.elapsed()}, left)
-            except OutputError as exc:
-                self._failure = str(exc)
+    def _checkpoint_soon(self) -> None:
         self._save_due = True
-        where = (f"{rest} of its batches go to the workers that finish theirs"
-                 if rest else "its batches were all done")
-        how = ("was lost (its process died; an update it was sending is not applied)"
-               if lost else "left")
-        say(f"worker {worker} ({worker_ranks(self.cfg, worker)}) {how} at update {clock} "
-            f"after {seq} of its own: {where}; {left} of {self.n_workers} workers train on")
-
-    def replan(self, data_plan: np.ndarray, given: list[tuple[int, int]]) -> None:
-        self.data_plan = data_plan
-        if self.monitor.verbose:
-            say("dealt " + ", ".join(f"{b} batches to worker {w}" for w, b in given))
 
     @property
     def diverged(self) -> str | None:
