@@ -41,9 +41,11 @@ pytestmark = pytest.mark.mpi
 DIM, STEPS, LR, PI_MAX = 2000, 6000, 0.05, 50.0
 
 
-def _started(tmp: Path) -> bool:
+def _started(tmp: Path, worker: int = 2) -> bool:
+    """A checkpoint holds an update of ``worker`` applied: a SIGTERM now finds it in the
+    middle of its batches (one that had none applied yet would leave with 0 done)."""
     path = checkpoint.latest(str(tmp))
-    return path is not None and checkpoint.load(path).clock > 0
+    return path is not None and int(checkpoint.load(path).next_seq[worker - 1]) > 0
 
 
 def _terminate(proc, ranks: list[int], ready, timeout: float = 300) -> str:
@@ -153,7 +155,7 @@ EPOCHS = 3
 def test_no_sample_of_an_epoch_is_lost_or_seen_twice_when_a_worker_leaves(tmp_path, method):
     args, env = indexed_probe(tmp_path, method, EPOCHS)
     proc = train_background(5, *args, env=env)
-    err = _terminate(proc, [3], lambda: _started(tmp_path))
+    err = _terminate(proc, [3], lambda: _started(tmp_path, 3))  # worker 3
     assert proc.returncode == 0, err
     final = checkpoint.load(checkpoint.latest(str(tmp_path)))
     plans = elastic.from_array(final.data_plan, 4)
