@@ -41,7 +41,8 @@ export GEM_MPI_NO_SKIPS="${GEM_MPI_NO_SKIPS:-1}"
 # With no file arguments pytest runs the testpaths of pyproject.toml (tests/); with some
 # (tools/test.sh tests/test_kernel.py) it runs just those.
 rc=0
-"$GEM_MPI_PY" -m pytest -q "$@" || rc=$?
+# --durations=20: the 20 slowest tests, printed at the end (what a new test costs, seen)
+"$GEM_MPI_PY" -m pytest -q --durations=20 "$@" || rc=$?
 if ((rc == 5)); then
   echo "test.sh: pytest collected no tests: failing" >&2
 fi
