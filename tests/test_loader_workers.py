@@ -130,7 +130,9 @@ def test_stopped_with_loader_processes_then_resumed_without_is_exact(made_here, 
 
 
 def test_a_diverged_run_leaves_no_loader_process(tmp_path):
-    res = train(2, *_args(tmp_path, 2, "--lr", "3"), timeout=300)
+    """η 1e20 takes θ beyond float32's range within a step or two, whatever the CPU: η 3
+    diverged on some machines and on others ended at a dead network's bounded loss."""
+    res = train(2, *_args(tmp_path, 2, "--lr", "1e20"), timeout=300)
     assert res.returncode == 4, res.stderr
     assert "the run diverged" in res.stderr and "Traceback" not in res.stderr
     _none_left(str(tmp_path))
