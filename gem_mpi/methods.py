@@ -116,21 +116,12 @@ def of(name: str) -> Method:
 def check_own_options(cfg: Config) -> None:
     """An option another method owns, set away from its default, would be silently ignored:
     one line naming its owner instead."""
-    values = cfg.as_dict()
+    values, defaults = cfg.as_dict(), Config().as_dict()
     for owner in _ALL:
         if owner.name == cfg.method:
             continue
         for name in owner.options:
-            default = _default(name)
-            if values[name] != default:
+            if values[name] != defaults[name]:
                 flag = "--" + name.replace("_", "-")
                 raise UsageError(f"{flag} {values[name]} is {owner.title}'s: --method "
                                  f"{cfg.method} does not use it (use --method {owner.name})")
-
-
-def _default(name: str) -> object:
-    for section in SECTIONS.values():
-        fields = {f.name: f for f in dataclasses.fields(section)}
-        if name in fields:
-            return fields[name].default
-    raise KeyError(name)
