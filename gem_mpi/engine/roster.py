@@ -134,6 +134,7 @@ class Dealer:
         """``runs`` leave the departed workers' plans (what is ``rests`` now) for
         ``worker``'s, which is told (the followers first, then the worker)."""
         plans = self.plans
+        assert plans is not None, "rests are dealt only once a worker left"
         for w, rest in rests.items():
             plans[w - 1] = elastic.cut(plans[w - 1], 0, self.stopped_at[w]) + rest
         plans[worker - 1] = plans[worker - 1] + runs
