@@ -5,11 +5,16 @@ carry θ in and Δθ, the loss and κ|m| out beside the compute (:class:`HostCop
 from __future__ import annotations
 
 import contextlib
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gem_mpi.algorithm.stepsize import Schedule
 from gem_mpi.run.local_step import LocalStep
+
+if TYPE_CHECKING:  # torch is imported when a step is made, never on import
+    import torch
 
 
 class DeltaTurns:
@@ -17,6 +22,11 @@ class DeltaTurns:
     Δθ buffers (step k's is still being sent while step k+1's is computed) and, on the CPU,
     two g buffers too: there −η·g and g's zeroing are the sending thread's (:meth:`settle`),
     so each turn's g must outlive the next step's backward."""
+
+    grads: list[torch.Tensor]
+    deltas: list[torch.Tensor]
+    grad: torch.Tensor | None  # the step's g (None once released)
+    delta: torch.Tensor | None  # the step's Δθ (None once released)
 
     def __init__(self, local: LocalStep, n: int, lr: float, schedule: Schedule,
                  overlapped: bool, on_gpu: bool) -> None:
@@ -41,10 +51,11 @@ class DeltaTurns:
             self.grad = self.grads[turn]
             self.local.bind_grads(self.grad)
         else:
+            assert self.grad is not None, "a step after release()"
             self.grad.zero_()
         return turn
 
-    def make(self, turn: int, seq: int) -> object | None:
+    def make(self, turn: int, seq: int) -> torch.Tensor | None:
         """Δθ = −η·g of step ``seq`` into the turn's buffer; None when deferred (η kept for
         settle)."""
         lr = self.lr if self.schedule.constant else float(self.schedule.eta(seq))
@@ -77,7 +88,16 @@ class HostCopies:
     view, in one asynchronous copy; Δθ (one page-locked buffer per Δθ turn), the loss and
     κ|m| come back on side streams, each ordered after the compute by an event."""
 
-    def __init__(self, torch: object, device: object, n: int, overlapped: bool,
+    pull_buffers: list[np.ndarray]
+    _pinned: dict[int, torch.Tensor]  # a pull buffer's address: its page-locked tensor
+    flat: torch.Tensor | None  # None once the worker gave its GPU back
+    delta_hosts: list[torch.Tensor]
+    _a_host: torch.Tensor | None
+    loss_host: torch.Tensor
+    stream: torch.cuda.Stream
+    _a_copies: torch.cuda.Stream | None
+
+    def __init__(self, torch: ModuleType, device: torch.device, n: int, overlapped: bool,
                  turns: int) -> None:
         self.torch, self.device = torch, device
         pinned = [torch.empty(n, dtype=torch.float32, pin_memory=True)
@@ -93,17 +113,19 @@ class HostCopies:
         self.stream = torch.cuda.Stream(device)  # host <-> device beside the compute
         self._a_copies = None  # κ|m|'s copies, made on the thread that folds m (host())
 
-    def load(self, theta: np.ndarray) -> object:
+    def load(self, theta: np.ndarray) -> torch.cuda.Event:
         """Start θ's copy into ``flat``; returns the timing event recorded before it."""
         torch = self.torch
         start = torch.cuda.Event(enable_timing=True)
         start.record()
         src = self._pinned.get(theta.ctypes.data)
+        assert self.flat is not None, "a step after the GPU was given back"
         self.flat.copy_(torch.from_numpy(theta) if src is None else src, non_blocking=True)
         return start
 
-    def to_host(self, pairs: tuple[tuple[object, object], ...], timing: bool = False,
-                stream: object = None) -> object:
+    def to_host(self, pairs: tuple[tuple[torch.Tensor, torch.Tensor], ...],
+                timing: bool = False,
+                stream: torch.cuda.Stream | None = None) -> torch.cuda.Event:
         """Copy each (device source, page-locked destination) on a side stream (default: the
         compute's copies), after the work queued so far on this thread's current stream;
         returns the event that marks them done."""
@@ -120,14 +142,14 @@ class HostCopies:
             done.record()
         return done
 
-    def back(self, turn: int, delta: object, loss: object) -> object:
+    def back(self, turn: int, delta: torch.Tensor, loss: torch.Tensor) -> torch.cuda.Event:
         """Start the copies of Δθ (into its turn's host buffer) and the loss to the host;
         returns the timing event that marks them done."""
         delta_host = self.delta_hosts[turn]
         return self.to_host(((delta, delta_host),
                              (loss.detach().reshape(1), self.loss_host)), timing=True)
 
-    def host(self, a: object) -> np.ndarray:
+    def host(self, a: torch.Tensor) -> np.ndarray:
         """A device array on the host (κ|m| before it is sent)."""
         if self._a_host is None:
             self._a_host = self.torch.empty(a.numel(), dtype=self.torch.float32,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from typing import TYPE_CHECKING
 
 from gem_mpi.config import Config
 from gem_mpi.problem import Problem
@@ -36,6 +37,9 @@ from gem_mpi.run.rank import (
 from gem_mpi.transport import MPI
 from gem_mpi.transport.runtime import rendezvous
 
+if TYPE_CHECKING:  # torch is imported when a group is made, never on import
+    import torch
+
 _END = -1  # in the control word's step field: the run ended, the code follows
 _MORE = -2  # the group was dealt more batches (a departed worker's): their runs follow
 
@@ -44,7 +48,7 @@ class Group:
     """This rank's worker group: its process group, the step's θ sent from the leader, the
     gradient averaged. ``comm``: the MPI communicator of the group's ranks, leader first."""
 
-    def __init__(self, cfg: Config, comm: MPI.Intracomm, device: object) -> None:
+    def __init__(self, cfg: Config, comm: MPI.Intracomm, device: torch.device) -> None:
         import torch
         import torch.distributed as dist
 
@@ -69,12 +73,12 @@ class Group:
         self.more: list = []  # a member: the runs last dealt to the group
         self.ended = False  # the leader said the end
 
-    def part(self, x: object, y: object) -> tuple[object, object]:
+    def part(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's part of the group's batch."""
         lo = self.member * self.batch
         return x[lo:lo + self.batch], y[lo:lo + self.batch]
 
-    def theta(self, flat: object, seq: int) -> None:
+    def theta(self, flat: torch.Tensor, seq: int) -> None:
         """Leader: send step ``seq`` and its θ (``flat``) to the members."""
         self._word[0], self._word[1] = seq, 0
         self.dist.broadcast(self._word, src=0)
@@ -89,7 +93,7 @@ class Group:
         self.dist.broadcast(torch.tensor(runs, dtype=torch.int64, device=self._word.device),
                             src=0)
 
-    def next_step(self, flat: object) -> tuple[int, int]:
+    def next_step(self, flat: torch.Tensor) -> tuple[int, int]:
         """Member: (the step, 0) with θ received into ``flat``, (-1, the leader's code), or
         (-2, 0) with the runs dealt to the group in ``self.more``."""
         self.dist.broadcast(self._word, src=0)
@@ -105,7 +109,7 @@ class Group:
         self.dist.broadcast(flat, src=0)
         return seq, 0
 
-    def average(self, grad: object) -> None:
+    def average(self, grad: torch.Tensor) -> None:
         """The mean of the G ranks' gradients, in place (every rank)."""
         t = time.perf_counter()
         self.dist.all_reduce(grad)

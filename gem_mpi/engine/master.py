@@ -96,6 +96,9 @@ class Master:
     # progress line) at most this often: each wake-up after a sleep runs on cold caches, and
     # the checks on every one took an eighth of rank 0's CPU (4 workers on 2 cores)
     CHECK_S = 1e-3
+    # the supervisor, given by attach() before run(); not Optional, so that the serving
+    # loop reads it without a check
+    sup: Supervisor
 
     def __init__(self, cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Problem,
                  kernel: Kernel, resumed: checkpoint.Checkpoint | None = None,
@@ -115,8 +118,12 @@ class Master:
         self.n_tensors = len(problem.sizes)
         # a resumed θ, its version and the ticket count go to the windows as they open (a
         # worker pulls at once); load_state restores the rest
-        self.ep = endpoint(comm, layout,
-                                 resumed.theta if resumed else problem.theta0[lo:hi],
+        if resumed:
+            theta0 = resumed.theta
+        else:
+            assert problem.theta0 is not None, "a fresh run starts from the problem's θ₀"
+            theta0 = problem.theta0[lo:hi]
+        self.ep = endpoint(comm, layout, theta0,
                                  version0=resumed.clock if resumed else 0,
                                  ticket0=resumed.tickets if resumed else 0,
                                  zero=kernel.zero)  # θ and the mailboxes: first touch
@@ -139,7 +146,6 @@ class Master:
         self.kernel_name = kernel.name
         self.eval_threads = eval_threads  # the evaluation's torch threads (the lead's)
         self.lead: Lead | None = None  # rank 0 of a sharded run: its side of the followers
-        self.sup: Supervisor | None = None  # given by attach(), before run()
         self.clock0 = 0  # where this run (or this resume of it) started
 
     def attach(self, sup: Supervisor, lead: Lead | None = None) -> None:
@@ -160,6 +166,7 @@ class Master:
     def _give(self, worker: int, runs: elastic.Plan, length: int) -> None:
         """Deal ``runs`` to ``worker``: the followers learn it first (they must not count
         the worker done), then the worker's order; the watchdog waits for it again."""
+        assert self.departures is not None, "rank 0's dealer gives"
         if self.lead is not None:
             self.lead.send_all(Deal(worker, length))
         self.ep.give(worker, runs)
@@ -198,9 +205,12 @@ class Master:
     def shard_state(self, copy: bool = True) -> ShardState:
         """This master's part of a checkpoint (``copy``: the shard goes on after it)."""
         kept, proxy_m = self.rule.kept(self.ep.payloads), self.rule.proxy_m
-        own = (lambda a: None if a is None else a.copy()) if copy else (lambda a: a)
-        return ShardState(own(self.ep.theta), self.clock, self.ep.tickets_drawn(),
-                          own(self.next_seq), own(kept), own(proxy_m))
+        if not copy:
+            return ShardState(self.ep.theta, self.clock, self.ep.tickets_drawn(),
+                              self.next_seq, kept, proxy_m)
+        return ShardState(self.ep.theta.copy(), self.clock, self.ep.tickets_drawn(),
+                          self.next_seq.copy(), None if kept is None else kept.copy(),
+                          None if proxy_m is None else proxy_m.copy())
 
     def state(self) -> dict:
         """The engine's fields of a checkpoint (θ, clock, tickets, next_seq, s, m; sharded,
@@ -216,6 +226,7 @@ class Master:
         updates (see gem_mpi.engine.shards). Raises OutputError when a shard cannot reach it
         within --exit-timeout (a worker died or hangs between two of its posts)."""
         lead = self.lead
+        assert lead is not None, "sharded only"
         if self._all_done():
             return lead.final_states()
         lead.send_all(Hold())
@@ -293,6 +304,7 @@ class Master:
 
     def _run_follower(self) -> Outcome:
         """A follower's run: its loop, then the lead's word, then the shutdown of its shard."""
+        assert self.role is not None, "a follower has its shard"
         outcome = self.sup.run()  # its rows all sent, and its goodbye said
         missing = self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED), self.exit_timeout)
         if missing:
@@ -416,12 +428,13 @@ class Master:
             if self.roster.left[worker - 1]:  # it had signed off LEFT already
                 continue
             seq = int(self.next_seq[worker - 1])
-            rest = self.dealer.leave(worker, seq)
-            self.departures.departed(worker, seq, self.clock, rest, self.dealer.data_plan(),
-                                     lost=True)
-            given = self.dealer.deal()
+            dealer, departures = self.dealer, self.departures
+            assert dealer is not None and departures is not None, "rank 0's alone"
+            rest = dealer.leave(worker, seq)
+            departures.departed(worker, seq, self.clock, rest, dealer.data_plan(), lost=True)
+            given = dealer.deal()
             if given:
-                self.departures.replan(self.dealer.data_plan(), given)
+                departures.replan(dealer.data_plan(), given)
 
     def _signed_off(self, kind: int, worker: int, seq: int) -> None:
         """A worker's DONE or LEFT (``seq``: its updates, all applied by now). Rank 0 deals
@@ -436,14 +449,16 @@ class Master:
             else:
                 self.roster.leave(worker)
             return
+        departures = self.departures
+        assert departures is not None, "made with the dealer (attach)"
         if kind == DONE:
             dealer.done(worker, seq)
         else:
             rest = dealer.leave(worker, seq)
-            self.departures.departed(worker, seq, self.clock, rest, dealer.data_plan())
+            departures.departed(worker, seq, self.clock, rest, dealer.data_plan())
         given = dealer.deal()
         if given:
-            self.departures.replan(dealer.data_plan(), given)
+            departures.replan(dealer.data_plan(), given)
 
     def _below(self, slot: int, limit: np.ndarray) -> bool:
         msg = self.ep.take(slot)
@@ -465,10 +480,11 @@ class Master:
                 self._reject(u)
                 continue
             if sup.recording:
-                row = {"time": u.time, "worker": u.worker, "seq": u.seq, "ticket": u.ticket,
-                       "version_pulled": u.version_pulled, "clock": u.clock,
-                       "staleness": u.staleness, "loss": u.loss, "queue": queue,
-                       "compute_s": u.compute_s, "apply_s": u.apply_s}
+                row: dict[str, float | np.ndarray] = {  # numbers, and per-tensor columns
+                    "time": u.time, "worker": u.worker, "seq": u.seq, "ticket": u.ticket,
+                    "version_pulled": u.version_pulled, "clock": u.clock,
+                    "staleness": u.staleness, "loss": u.loss, "queue": queue,
+                    "compute_s": u.compute_s, "apply_s": u.apply_s}
                 if isinstance(u.stats, GapStats):
                     row["ga_scale_mean"] = u.stats.scale_mean
                 elif u.stats is not None:
@@ -571,6 +587,7 @@ def _momentum_note(cfg: Config, ckpt: checkpoint.Checkpoint) -> str:
     if method.rule != RULE_GEM:
         return ""
     directory, seqs = cfg.outputs.checkpoint_dir, ckpt.next_seq
+    assert seqs is not None, "an asynchronous run's checkpoint"
     found = sum(
         checkpoint.load_worker_momentum(directory, w + 1, int(seqs[w]), ckpt.run_id)
         is not None for w in range(len(seqs)) if seqs[w] > 0

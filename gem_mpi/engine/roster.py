@@ -134,6 +134,7 @@ class Dealer:
         """``runs`` leave the departed workers' plans (what is ``rests`` now) for
         ``worker``'s, which is told (the followers first, then the worker)."""
         plans = self.plans
+        assert plans is not None, "rests are dealt only once a worker left"
         for w, rest in rests.items():
             plans[w - 1] = elastic.cut(plans[w - 1], 0, self.stopped_at[w]) + rest
         plans[worker - 1] = plans[worker - 1] + runs
@@ -145,6 +146,8 @@ class Dealer:
         """Every worker done or gone, and nothing left to deal."""
         return self.roster.all_finished() and not self.rest()
 
-    def data_plan(self) -> np.ndarray | None:
-        """The plans for a checkpoint (None: no worker left, each still has its own)."""
-        return None if self.plans is None else elastic.to_array(self.plans)
+    def data_plan(self) -> np.ndarray:
+        """The plans for a checkpoint, asked once a worker left (before, each worker has its
+        own and the departures record none)."""
+        assert self.plans is not None, "the plans are made at the first departure"
+        return elastic.to_array(self.plans)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
@@ -20,17 +20,26 @@ from gem_mpi.problem.elastic import length
 from gem_mpi.run.local_step import LocalStep
 from gem_mpi.run.rank import Placement, torch_device
 
+if TYPE_CHECKING:  # torch is imported when a torch worker is made, never on import
+    import torch
 
-class Steps(Protocol):
+# where GEM's m lives: numpy's array (the quadratic), or a torch tensor on the worker's device
+M = TypeVar("M")
+
+
+class Steps(Protocol[M]):
     """What the worker needs of its steps. ``steps``: the batches of its plan (more once
     dealt more); ``load_s``, ``gpu_s``: the time split's columns they measure; ``group``:
     the worker group it leads (--group-size), if any."""
 
-    device: object
     load_s: float
     gpu_s: float
     pull_buffers: list[np.ndarray]  # where its pulls land (the overlap's three θ), if its own
     group: Group | None
+
+    @property
+    def device(self) -> object:
+        """Where the steps run, as the --verbose line names it."""
 
     @property
     def steps(self) -> int: ...
@@ -40,10 +49,10 @@ class Steps(Protocol):
         """Where its pulls land; None: the endpoint's own buffer."""
 
     @property
-    def delta_on_device(self) -> object:
+    def delta_on_device(self) -> M | None:
         """The last step's Δθ where GEM's m lives; None: on the host, with Δθ."""
 
-    def momentum_like(self) -> object:
+    def momentum_like(self) -> M:
         """An array of θ's size where GEM's m is to live (the rule makes m like it)."""
 
     def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray | None, float]:
@@ -52,7 +61,7 @@ class Steps(Protocol):
     def settle(self, seq: int, delta: np.ndarray | None) -> np.ndarray:
         """Step ``seq``'s Δθ on the host, on the thread that sends it."""
 
-    def host(self, a: object) -> np.ndarray:
+    def host(self, a: M) -> np.ndarray:
         """An array where m lives (κ|m|), on the host."""
 
     def comm_stream(self) -> contextlib.AbstractContextManager:
@@ -76,6 +85,7 @@ class QuadraticSteps:
 
     def __init__(self, optim: OptimConfig, data: DataConfig, problem: Problem,
                  rank: int, plan: list | None = None) -> None:
+        assert problem.quadratic is not None, "the quadratic problem"
         self.q = problem.quadratic
         self.n = problem.n_params
         self.lr = optim.lr
@@ -90,7 +100,7 @@ class QuadraticSteps:
         self.gpu_s = float("nan")
         self.pull_buffer = None  # pulls land in the endpoint's own buffer
         self.pull_buffers: list[np.ndarray] = []
-        self.group = None
+        self.group: Group | None = None
         self.delta_on_device = None  # m lives on the host, beside Δθ
 
     def momentum_like(self) -> np.ndarray:
@@ -112,7 +122,8 @@ class QuadraticSteps:
     def compute_thread(self) -> None:
         """Nothing to set up on the compute thread."""
 
-    def settle(self, seq: int, delta: np.ndarray) -> np.ndarray:
+    def settle(self, seq: int, delta: np.ndarray | None) -> np.ndarray:
+        assert delta is not None, "the quadratic's Δθ comes with its step"
         return delta
 
     def close(self) -> None:
@@ -156,6 +167,7 @@ class TorchSteps:
         self.copies: HostCopies | None = None
         if self.on_gpu:
             self.copies = HostCopies(torch, self.device, n, overlapped, len(self.turns.deltas))
+            assert self.copies.flat is not None, "just made"
             self.local.bind(self.copies.flat)
             self.gpu_s = 0.0
         self.pull_buffers = [] if self.copies is None else self.copies.pull_buffers
@@ -170,10 +182,11 @@ class TorchSteps:
         return self.pull_buffers[0] if self.pull_buffers else None
 
     @property
-    def delta_on_device(self) -> object:
+    def delta_on_device(self) -> torch.Tensor | None:
         return self.turns.delta
 
-    def momentum_like(self) -> object:
+    def momentum_like(self) -> torch.Tensor:
+        assert self.turns.delta is not None, "asked at set-up, before release()"
         return self.turns.delta
 
     def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray | None, float]:
@@ -188,15 +201,18 @@ class TorchSteps:
         self.load_s += time.perf_counter() - t
         x, y = self.batches.batch(seq)
         if self.group is not None:  # the members compute at this θ, each on its own part
-            self.group.theta(copies.flat if copies is not None else torch.from_numpy(theta),
-                             seq)
+            flat = copies.flat if copies is not None else torch.from_numpy(theta)
+            assert flat is not None, "a step after release()"
+            self.group.theta(flat, seq)
             x, y = self.group.part(x, y)
         turn = turns.begin(seq)
+        grad = turns.grad
+        assert grad is not None, "a step after release()"
         loss = self.local.forward_backward(x, y)  # into turns.grad (float32 parameters)
         if seq == self._first_seq:
-            self.local.check_grads(turns.grad)
+            self.local.check_grads(grad)
         if self.group is not None:  # the group's gradient: the mean over its G parts
-            self.group.average(turns.grad)
+            self.group.average(grad)
         self.local.clip()  # before Δθ, and so before GEM's momentum fold
         delta = turns.make(turn, seq)
         if delta is None:
@@ -206,13 +222,14 @@ class TorchSteps:
         done = copies.back(turn, delta, loss)
         self.batches.prefetch(seq + 1, copies.stream)  # on the CPU, while the GPU computes
         done.synchronize()
+        assert start is not None, "loaded by copies"
         self.gpu_s += start.elapsed_time(done) / 1e3
         return copies.delta_hosts[turn].numpy(), float(copies.loss_host[0])
 
     def settle(self, seq: int, delta: np.ndarray | None) -> np.ndarray:
         return self.turns.settle(seq, delta)
 
-    def host(self, a: object) -> np.ndarray:
+    def host(self, a: torch.Tensor) -> np.ndarray:
         return a.numpy() if self.copies is None else self.copies.host(a)
 
     def comm_stream(self) -> contextlib.AbstractContextManager:
@@ -236,6 +253,7 @@ class TorchSteps:
         the job ends, see gem_mpi.engine.roster)."""
         self.close()
         if self.on_gpu:
+            assert self.copies is not None, "made on a GPU"
             self.local.model.to("cpu")
             self.turns.release()
             self.copies.flat = None

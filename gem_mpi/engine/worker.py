@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from gem_mpi.algorithm.kernel import load_extension
 from gem_mpi.algorithm.rule import WorkerRule
@@ -43,7 +44,7 @@ def _set_up(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
     """The worker's steps, endpoint and rule; a resumed GEM worker's momentum restored."""
     rank = comm.Get_rank() - (plan.masters - 1)  # the worker's number, 1..n
     if problem.quadratic is not None:
-        steps_fn: Steps = QuadraticSteps(cfg.optim, cfg.data, problem, rank, dealt)
+        steps_fn: Steps[Any] = QuadraticSteps(cfg.optim, cfg.data, problem, rank, dealt)
     else:
         steps_fn = TorchSteps(cfg, problem, rank, plan.n_workers, placement, start_seq,
                               overlapped=cfg.optim.worker_mode == OVERLAP, plan=dealt,
@@ -99,6 +100,7 @@ def _leave(w: WorkerStep, version: Versions, run_id: str) -> int:
     MPI (the windows are freed together). Returns DEPARTED, or the master's word if the run
     ended before the worker could sign off."""
     ep = w.ep
+    assert w.left_at is not None, "leave_now() or the wait after DONE set it"
     if not ep.wait_slot_free():  # the run ended meanwhile: it leaves as every worker does
         return ep.stop_code()
     _save_momentum(w, run_id)

@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,7 @@ class WorkerStep:
 
     cfg: Config
     rank: int  # the worker's number, 1..n
-    steps_fn: Steps
+    steps_fn: Steps[Any]  # numpy's or torch's (where m lives): the worker never asks which
     ep: WorkerShards
     rule: WorkerRule
     poison_all: Callable[[tuple[np.ndarray, ...]], None] | None
@@ -94,6 +95,7 @@ class WorkerStep:
         """Δθ and the loss of step ``seq`` at the θ in hand, and its compute seconds (times
         the --straggler factor, slept here)."""
         delta, loss = self.steps_fn(self.ep.theta, seq)
+        assert delta is not None, "only --worker-mode overlap defers Δθ (its own step())"
         compute_s = self.split.charge("compute")  # θ into the model, forward, backward, Δθ
         compute_s = self.straggle(compute_s)
         self.split.charge("straggle")

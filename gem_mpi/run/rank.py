@@ -8,10 +8,13 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gem_mpi.config import QUADRATIC, Config, DataConfig, straggler, synchronous
 from gem_mpi.transport import MPI
+
+if TYPE_CHECKING:  # torch is imported when a device is asked for, never on import
+    import torch
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ def device_name(placement: Placement, uses_torch: bool) -> str:
     return f"cuda:{placement.local_rank % count}" if count else "cpu"
 
 
-def torch_device(threads: int, placement: Placement) -> object:
+def torch_device(threads: int, placement: Placement) -> torch.device:
     """This rank's GPU (one per local rank, round robin) or the CPU, and its torch threads
     (:func:`torch_threads`)."""
     import torch

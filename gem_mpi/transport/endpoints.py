@@ -14,7 +14,7 @@ side sees a window, a cell or a displacement. The message kinds, the stop words 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import numpy as np
@@ -152,7 +152,7 @@ class MasterEndpoint(_Endpoint):
     def end_write(self, version: int) -> None:
         self.theta_window.end_write(version)
 
-    def give(self, worker: int, runs: list[tuple[int, ...]]) -> None:
+    def give(self, worker: int, runs: Sequence[tuple[int, ...]]) -> None:
         """Order worker ``worker``, waiting after its DONE, to train ``runs`` next."""
         self.orders.give(worker, runs)
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -325,7 +325,7 @@ class Orders(_Window):
         self._record = np.zeros(self.WORDS, np.int64)
         self._wait = rma_backoff()
 
-    def give(self, worker: int, runs: list[tuple[int, ...]]) -> None:
+    def give(self, worker: int, runs: Sequence[tuple[int, ...]]) -> None:
         """Rank 0: order worker ``worker`` (1..n) to train ``runs`` (at most RUNS) next."""
         if not 0 < len(runs) <= self.RUNS:
             raise ValueError(f"an order holds 1..{self.RUNS} runs, not {len(runs)}")
@@ -357,6 +357,14 @@ class Message:
     the slot, valid until the slot is released)."""
 
     __slots__ = ("header", "payload", "slot", "ticket")
+    # HEADER's fields, read through __getattr__ (declared, not stored: their types)
+    rank: int
+    seq: int
+    version: int
+    kind: int
+    nfloats: int
+    loss: float
+    compute_s: float
 
     def __init__(self, slot: int, ticket: int, header: np.void, payload: np.ndarray) -> None:
         self.slot, self.ticket, self.header, self.payload = slot, ticket, header, payload
