@@ -25,7 +25,7 @@ from gem_mpi.engine.worker import run_worker
 from gem_mpi.errors import GemError, UsageError
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.metrics import check_resumable
-from gem_mpi.problem import Problem, build_problem, elastic
+from gem_mpi.problem import Problem, build_problem, elastic, preload
 from gem_mpi.run.preflight import validate
 from gem_mpi.run.rank import (
     device_name,
@@ -63,6 +63,8 @@ def prepare(cfg: config.Config, comm: MPI.Intracomm
             resumed = _check_on_master(cfg, comm.Get_size())
         except GemError as exc:
             error = str(exc)
+    else:
+        preload(cfg.data)  # torch's import, meanwhile: not after rank 0's checks
     soft_barrier(comm)  # the others sleep while rank 0 checks the data
     error = comm.bcast(error, root=MASTER)
     if error is None and not config.synchronous(cfg.method):

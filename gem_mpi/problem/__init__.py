@@ -64,6 +64,16 @@ def build_problem(data: DataConfig, with_theta0: bool) -> Problem:
     return Problem(names, sizes, theta0, model=model, loss=make_loss(data.loss, data.model))
 
 
+def preload(data: DataConfig) -> None:
+    """Import what :func:`build_problem` will for this model (torch and the models: seconds
+    of a rank's start-up), so that a worker spends that time while rank 0 checks the run,
+    not after it."""
+    if data.model != QUADRATIC:
+        import torch  # noqa: F401
+
+        import gem_mpi.problem.models  # noqa: F401
+
+
 def unflatten(flat: torch.Tensor, params: list) -> list:
     """Views of a flat torch tensor shaped like each parameter, in θ's order: the one
     mapping between θ and a model's parameters."""
