@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from helpers import (
     assert_exactly_once,
+    checkpoint_after_start,
     kill_rank_when,
     quadratic_args,
     rank_pids,
@@ -49,7 +50,7 @@ def _args(tmp: Path, *extra: str) -> list[str]:
 
 
 def _has_checkpoint(tmp: Path) -> Callable[[], bool]:
-    return lambda: bool(list(tmp.glob("checkpoint_*.h5")))
+    return checkpoint_after_start(tmp)
 
 
 def _check_whole_run(tmp: Path, steps: int = STEPS) -> None:
