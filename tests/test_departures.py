@@ -26,6 +26,7 @@ from helpers import (
     probe_per_epoch,
     quadratic_args,
     rank_pids,
+    running_checkpoint,
     train,
     train_background,
 )
@@ -38,14 +39,16 @@ from gem_mpi.problem.quadratic import Quadratic
 
 pytestmark = pytest.mark.mpi
 
-DIM, STEPS, LR, PI_MAX = 2000, 6000, 0.05, 50.0
+DIM, LR, PI_MAX = 2000, 0.05, 50.0
+# SIGTERM once a checkpoint shows the worker started: its update ~300 here, ~1200 at 4× speed
+STEPS, EVERY = 3000, 0.1
 
 
 def _started(tmp: Path, worker: int = 2) -> bool:
     """A checkpoint holds an update of ``worker`` applied: a SIGTERM now finds it in the
     middle of its batches (one that had none applied yet would leave with 0 done)."""
-    path = checkpoint.latest(str(tmp))
-    return path is not None and int(checkpoint.load(path).next_seq[worker - 1]) > 0
+    state = running_checkpoint(tmp)
+    return state is not None and int(state.next_seq[worker - 1]) > 0
 
 
 def _terminate(proc, ranks: list[int], ready, timeout: float = 300) -> str:
@@ -86,7 +89,7 @@ def test_a_worker_sent_sigterm_leaves_and_the_run_finishes_on_three(tmp_path, me
                                                                     mode):
     args = quadratic_args(method=method, dim=DIM, steps=STEPS, lr=LR,
                           metrics=tmp_path / "run.h5", save=tmp_path / "theta.npy",
-                          checkpoint_dir=tmp_path, checkpoint_every=0.3, eval_every=0,
+                          checkpoint_dir=tmp_path, checkpoint_every=EVERY, eval_every=0,
                           worker_mode=mode)
     if method == "gem":
         args += ["--pi-max", str(PI_MAX), "--gem-shift", shift]
@@ -116,7 +119,7 @@ def test_sharded_masters_deal_a_departed_workers_batches(tmp_path):
     whole budget."""
     args = quadratic_args(method="gem", dim=DIM, steps=STEPS, lr=LR,
                           metrics=tmp_path / "run.h5", checkpoint_dir=tmp_path,
-                          checkpoint_every=0.3, eval_every=0, masters=2)
+                          checkpoint_every=EVERY, eval_every=0, masters=2)
     proc = train_background(6, *args)
     err = _terminate(proc, [3], lambda: _started(tmp_path))  # worker 2 is rank 3
     assert proc.returncode == 0, err
@@ -129,7 +132,7 @@ def test_sharded_masters_deal_a_departed_workers_batches(tmp_path):
 def test_every_worker_leaving_ends_the_run_with_a_checkpoint_that_resumes(tmp_path):
     args = quadratic_args(method="gem", dim=DIM, steps=STEPS, lr=LR,
                           metrics=tmp_path / "run.h5", checkpoint_dir=tmp_path,
-                          checkpoint_every=0.3, eval_every=0)
+                          checkpoint_every=EVERY, eval_every=0)
     proc = train_background(3, *args)
     err = _terminate(proc, [1, 2], lambda: _started(tmp_path))
     assert proc.returncode == 3, err  # the workers exit 0, rank 0 with the stop's code

@@ -23,6 +23,7 @@ from helpers import (
     indexed_probe,
     probe_per_epoch,
     quadratic_args,
+    running_checkpoint,
     signal_when,
     train,
     train_background,
@@ -36,13 +37,15 @@ from gem_mpi.problem.quadratic import Quadratic
 
 pytestmark = pytest.mark.mpi
 
-DIM, STEPS, LR, PI_MAX = 2000, 6000, 0.05, 50.0
+DIM, LR, PI_MAX = 2000, 0.05, 50.0
+# both stops (a checkpoint each): by update ~1600 here, ~6400 at 4× the speed; budget 16000
+STEPS, EVERY = 4000, 0.1
 SIZES = (4, 2, 6)  # the workers of each segment
 
 
 def _clock_of(tmp: Path) -> int:
-    path = checkpoint.latest(str(tmp))
-    return -1 if path is None else checkpoint.load(path).clock
+    state = running_checkpoint(tmp)
+    return -1 if state is None else state.clock
 
 
 def _segments(tmp: Path, args: list[str], env: dict | None = None, masters: int = 1
@@ -55,7 +58,7 @@ def _segments(tmp: Path, args: list[str], env: dict | None = None, masters: int 
         resume = ["--resume", "auto"] if i else []
         proc = train_background(n + masters, *args, *resume, env=env)
         if i < len(SIZES) - 1:
-            before = _clock_of(tmp)
+            before = max(_clock_of(tmp), 0)  # so that no segment is empty
             err = signal_when(proc, lambda b=before: _clock_of(tmp) > b)
             assert proc.returncode == 3, err
             stops.append(checkpoint.load(checkpoint.latest(str(tmp))))
@@ -101,21 +104,22 @@ def _check_segments(tmp: Path, stops: list[checkpoint.Checkpoint], budget: int
 def _quadratic(tmp: Path, method: str, shift: str, mode: str, *extra: str) -> list[str]:
     args = quadratic_args(*extra, method=method, dim=DIM, steps=STEPS, lr=LR,
                           metrics=tmp / "run.h5", save=tmp / "theta.npy", checkpoint_dir=tmp,
-                          checkpoint_every=0.3, eval_every=0, worker_mode=mode)
+                          checkpoint_every=EVERY, eval_every=0, worker_mode=mode)
     if method == "gem":
         args += ["--pi-max", str(PI_MAX), "--gem-shift", shift]
     return args
 
 
 @pytest.mark.parametrize("method, shift, mode", [
-    ("gem", "others", "wait"), ("gem", "paper", "wait"), ("gem", "others", "pipelined"),
-    ("gem", "paper", "overlap"), ("gap-aware", "others", "wait")])
+    ("gem", "others", "wait"), ("gem", "others", "pipelined"), ("gem", "paper", "overlap"),
+    ("gap-aware", "others", "wait")])
 def test_four_workers_resume_on_two_then_six_exactly(tmp_path, method, shift, mode):
     """Pipelined or overlapped, a stopped worker may have had an update in flight (m one
     fold ahead: the momentum file's prev) or its next computed: whoever gets the batch
     redoes it. The rules with state across a resize (GEM's m and kept s, Gap-Aware's v);
     DOWNPOUR's and adaptive's have none, and their replays are the in-process orders'
-    (tests/unit/test_master_in_process.py) and tests/test_train_invariants.py's."""
+    (tests/unit/test_master_in_process.py) and tests/test_train_invariants.py's. The kept s
+    remapped in wait mode: test_sharded_masters_keep_their_k_across_resizes."""
     args = _quadratic(tmp_path, method, shift, mode)
     stops, errs = _segments(tmp_path, args)
     if method == "gem":  # the continuing workers found their m, the new ones start at 0
@@ -169,7 +173,7 @@ def test_no_sample_of_an_epoch_is_lost_or_seen_twice(tmp_path):
 def test_a_resume_on_other_workers_still_refuses_what_may_not_change(tmp_path):
     args = quadratic_args(method="gem", dim=DIM, steps=STEPS, lr=LR,
                           metrics=tmp_path / "run.h5", checkpoint_dir=tmp_path,
-                          checkpoint_every=0.3, eval_every=0)
+                          checkpoint_every=EVERY, eval_every=0)
     proc = train_background(5, *args)
     err = signal_when(proc, lambda: _clock_of(tmp_path) >= 0)
     assert proc.returncode == 3, err

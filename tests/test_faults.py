@@ -11,7 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PROGS, REPO, mpi_env, mpirun, quadratic_args, signal_when
+from helpers import (
+    PROGS,
+    REPO,
+    mpi_env,
+    mpirun,
+    quadratic_args,
+    running_checkpoint,
+    signal_when,
+)
 
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.runfile import load_run
@@ -35,12 +43,20 @@ def test_a_hung_worker_cannot_hold_the_end_of_a_run(tmp_path, ending, code):
     extra = (["--lr", "2"] if ending == "divergence" else []) + [
         "--method", "downpour", "--max-steps", "10000000", "--worker-timeout", "0",
         "--exit-timeout", "4", "--eval-every", "0", "--checkpoint-dir", str(tmp_path),
-        "--checkpoint-every", "0.5", "--metrics", str(tmp_path / "r.h5")]
+        "--checkpoint-every", "0.2", "--metrics", str(tmp_path / "r.h5")]
     after = "0" if ending == "divergence" else "50"
     proc = _background(4, [str(PROGS / "stuck_worker.py"), "2", after, *QUAD, *extra])
     t0 = time.monotonic()
+    clocks: set[int] = set()  # of the checkpoints that found worker 2 at its last update
+
+    def hung() -> bool:  # two checkpoints apart, the others went on and worker 2 did not
+        state = running_checkpoint(tmp_path)
+        if state is not None and int(state.next_seq[1]) == int(after):
+            clocks.add(state.clock)
+        return len(clocks) >= 2
+
     if ending == "stop":
-        err = signal_when(proc, lambda: time.monotonic() - t0 > 6)
+        err = signal_when(proc, hung)
     else:
         err = proc.communicate(timeout=120)[1]
     took = time.monotonic() - t0
@@ -71,7 +87,7 @@ def test_every_rank_exits_with_the_code_of_the_run(tmp_path, ending, code):
     divergence while the master exited 3 or 4."""
     steps = "200" if ending == "finished" else "1000000"
     args = [*QUAD, "--method", "downpour", "--max-steps", steps, "--eval-every", "0",
-            "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "0.5",
+            "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "0.2",
             *(["--lr", "2"] if ending == "divergence" else [])]
     codes = _each_rank_exit_codes(tmp_path, 4, args, sig=ending == "stop")
     assert codes == dict.fromkeys(range(4), code)

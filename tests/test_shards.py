@@ -19,6 +19,7 @@ from helpers import (
     PROGS,
     QuadraticSlice,
     assert_exactly_once,
+    checkpoint_after_start,
     mpirun,
     quadratic_args,
     rank_pids,
@@ -36,6 +37,8 @@ from gem_mpi.problem.quadratic import Quadratic
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
 
 DIM, WORKERS, LR, MU = 2000, 4, 0.05, 0.9
+# stop/kill at the 1st checkpoint: by update ~1500 here, ~6000 at 4× the speed; budget 16000
+CKPT_STEPS, EVERY = 4000, 0.1
 
 
 def shard_bounds(masters: int) -> list[tuple[int, int]]:
@@ -119,12 +122,12 @@ def test_adaptive_staleness_takes_each_shards_own_tau(tmp_path, mode):
 def _ckpt_args(tmp: Path, method: str, steps: int, *extra: str) -> list[str]:
     return quadratic_args("--masters", "2", *extra, method=method, dim=DIM, steps=steps,
                           lr=LR, metrics=tmp / "run.h5", save=tmp / "theta.npy",
-                          checkpoint_dir=tmp, checkpoint_every=0.3, eval_every=0,
+                          checkpoint_dir=tmp, checkpoint_every=EVERY, eval_every=0,
                           pi_max=50.0)
 
 
 def _has_checkpoint(tmp: Path):
-    return lambda: bool(list(tmp.glob("checkpoint_*.h5")))
+    return checkpoint_after_start(tmp)
 
 
 @pytest.mark.parametrize("proxy", ["local", "global"])
@@ -134,7 +137,7 @@ def test_stop_and_resume_is_exact_on_every_shard(tmp_path, proxy):
     (local) or each shard's slice of the master's m (global, gathered into the checkpoint's
     one ``proxy_m`` and scattered back): the whole log of each shard replays its slice bit
     for bit."""
-    steps = 6000
+    steps = CKPT_STEPS
     args = _ckpt_args(tmp_path, "gem", steps, "--gem-proxy", proxy)
     proc = train_background(WORKERS + 2, *args)
     err = signal_when(proc, _has_checkpoint(tmp_path))
@@ -175,7 +178,7 @@ def test_killed_worker_then_resume_applies_every_update_once_on_every_shard(tmp_
                                                                             extra, rule):
     """A crash: the resume starts from the last periodic checkpoint, exact for DOWNPOUR and
     for GEM's global proxy (every checkpoint holds each shard's slice of the master's m)."""
-    steps = 8000
+    steps = CKPT_STEPS
     args = _ckpt_args(tmp_path, method, steps, *extra)
     proc = train_background(WORKERS + 2, *args)
     try:
