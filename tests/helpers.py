@@ -259,9 +259,11 @@ def checkpoint_after_start(directory: Path) -> Callable[[], bool]:
     """Whether ``directory`` holds a checkpoint of one update or more (read from its name): a
     run checkpoints while it waits too, so one from before any worker's first update would
     stop or kill it before it started."""
+    from gem_mpi.outputs import checkpoint
+
     def ready() -> bool:
-        return any(int(p.stem.rpartition("_")[2]) > 0
-                   for p in directory.glob("checkpoint_*.h5"))
+        newest = checkpoint.latest(str(directory))
+        return newest is not None and Path(newest).name != checkpoint.NAME.format(clock=0)
     return ready
 
 
