@@ -61,6 +61,10 @@ LR_SCHEDULES = (CONSTANT, STEP, COSINE)
 # mixed precision of the workers' forward pass (θ, Δθ, m and the master stay float32)
 AMP_OFF, AMP_BF16 = "off", "bf16"
 AMP_MODES = (AMP_OFF, AMP_BF16)
+# the workers' optimizer, GEM's proxy: momentum SGD (the paper), or AdamW, whose step d at s
+# a GEM worker sends with the budget κ|d| (../shared/GEM_SPEC.md §10; gem_mpi.optimizers)
+OPT_SGD, OPT_ADAMW = "sgd", "adamw"
+OPTIMIZERS = (OPT_SGD, OPT_ADAMW)
 # how Δθ and κ|m| travel from a worker to the master (s and θ always float32)
 WIRE_F32, WIRE_BF16 = "float32", "bf16"
 WIRES = (WIRE_F32, WIRE_BF16)
@@ -121,6 +125,11 @@ class OptimConfig:
                       "diloco: each worker takes --diloco-steps steps of its own momentum SGD, "
                       "then the workers average θ_outer − θ_local and take one outer Nesterov "
                       "step (torchft's DiLoCo; every rank a worker, no master)")
+    optimizer: str = opt(OPT_SGD, "the workers' optimizer, GEM's proxy: 'sgd' (momentum SGD, "
+                         "Δθ = −η·g with GEM's m ← μm + Δθ, --momentum) or 'adamw' (each "
+                         "worker's update is its own AdamW step d at the θ it pulled, "
+                         "--betas, --adam-eps, --weight-decay; GEM's budget is κ|d|)",
+                         check=(lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}"))
     # the workers and the kernel compute in float32: each value is checked as float32 sees it
     lr: float = opt(0.05, "learning rate η (> 0)", check=POSITIVE_F32)
     momentum: float = opt(0.9, "proxy momentum μ in [0, 1)", check=FRACTION_F32)
@@ -350,7 +359,43 @@ class DilocoConfig:
                                        "paper's 0.9) in [0, 1)", check=FRACTION_F32)
 
 
-SECTIONS = {"optim": OptimConfig, "gap_aware": GapAwareConfig, "diloco": DilocoConfig,
+def _betas(text: str) -> tuple[float, float] | None:
+    """``B1,B2`` as two floats, or None when it is not two numbers."""
+    try:
+        b1, b2 = (float(x) for x in text.split(","))
+    except ValueError:
+        return None
+    return b1, b2
+
+
+@dataclass(frozen=True)
+class AdamWConfig:
+    """--optimizer adamw alone: the workers' AdamW (decoupled weight decay, torch's defaults)."""
+
+    betas: str = opt("0.9,0.999", "B1,B2: the decays of AdamW's first and second moments, "
+                     "each in [0, 1)", check=(
+                         lambda v: (b := _betas(v)) is not None and all(
+                             _float32_fraction(x) for x in b), "two numbers B1,B2 in [0, 1)"))
+    adam_eps: float = opt(1e-8, "ε added to √v̂ in AdamW's denominator (> 0)",
+                          check=POSITIVE_F32)
+    weight_decay: float = opt(0.01, "λ of AdamW's decoupled weight decay, −η·λ·θ per step "
+                              "(>= 0)", check=NON_NEGATIVE)
+
+    @property
+    def beta1(self) -> float:
+        b = _betas(self.betas)
+        assert b is not None, "checked by the preflight"
+        return b[0]
+
+    @property
+    def beta2(self) -> float:
+        b = _betas(self.betas)
+        assert b is not None, "checked by the preflight"
+        return b[1]
+
+
+SECTIONS = {"optim": OptimConfig, "adamw": AdamWConfig, "gap_aware": GapAwareConfig,
+            "diloco": DilocoConfig,
             "data": DataConfig, "monitor": MonitorConfig, "outputs": OutputConfig,
             "runtime": RuntimeConfig}
 
@@ -360,6 +405,7 @@ class Config:
     """The whole run's options: one section per component."""
 
     optim: OptimConfig = field(default_factory=OptimConfig)
+    adamw: AdamWConfig = field(default_factory=AdamWConfig)
     gap_aware: GapAwareConfig = field(default_factory=GapAwareConfig)
     diloco: DilocoConfig = field(default_factory=DilocoConfig)
     data: DataConfig = field(default_factory=DataConfig)

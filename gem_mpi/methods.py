@@ -12,7 +12,9 @@ separate implementation on purpose, the oracle the engine is held to.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from gem_mpi.config import (
     ADAPTIVE,
@@ -113,15 +115,33 @@ def of(name: str) -> Method:
                          ) from None
 
 
-def check_own_options(cfg: Config) -> None:
-    """An option another method owns, set away from its default, would be silently ignored:
-    one line naming its owner instead."""
+class Owner(Protocol):
+    """A record that owns options: a method, an optimizer."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def title(self) -> str: ...
+
+    @property
+    def options(self) -> tuple[str, ...]: ...
+
+
+def check_owned(cfg: Config, owners: Iterable[Owner], chosen: str, flag: str) -> None:
+    """An option of an owner not ``chosen`` (``flag``: --method, --optimizer), set away from
+    its default, would be silently ignored: one line naming its owner instead."""
     values, defaults = cfg.as_dict(), Config().as_dict()
-    for owner in _ALL:
-        if owner.name == cfg.method:
+    for owner in owners:
+        if owner.name == chosen:
             continue
         for name in owner.options:
             if values[name] != defaults[name]:
-                flag = "--" + name.replace("_", "-")
-                raise UsageError(f"{flag} {values[name]} is {owner.title}'s: --method "
-                                 f"{cfg.method} does not use it (use --method {owner.name})")
+                option = "--" + name.replace("_", "-")
+                raise UsageError(f"{option} {values[name]} is {owner.title}'s: {flag} "
+                                 f"{chosen} does not use it (use {flag} {owner.name})")
+
+
+def check_own_options(cfg: Config) -> None:
+    """Another method's option would be silently ignored: one line naming its owner."""
+    check_owned(cfg, _ALL, cfg.method, "--method")

@@ -305,6 +305,31 @@ def theta0_state(*options: str) -> dict:
     return build_problem(cfg.data, with_theta0=False).model.state_dict()
 
 
+def single_process(args: list[str], optimizer: Callable) -> dict:
+    """The run ``args`` describe trained in one plain process over worker 1's batches and
+    dropout masks, with ``optimizer(parameters)`` (torch.optim's), as a state_dict: what one
+    worker of a method that matches its proxy must equal."""
+    import torch
+
+    from gem_mpi import config
+    from gem_mpi.problem import build_problem
+    from gem_mpi.run.rank import data_stream, seed_dropout
+
+    cfg, _ = config.parse(args)
+    torch.set_num_threads(1)
+    model = build_problem(cfg.data, with_theta0=False).model
+    model.train()
+    opt = optimizer(model.parameters())
+    steps, batches = data_stream(cfg.data, 1, 1)
+    for step in range(steps):
+        seed_dropout(cfg.data.seed, 1, step)
+        x, y = next(batches)
+        opt.zero_grad()
+        torch.nn.functional.nll_loss(model(x), y).backward()
+        opt.step()
+    return model.state_dict()
+
+
 # tests/user_code/elastic_probe.py: a dataset whose targets are the samples' indices and a
 # loss that is their sum, so each update's loss names the batch it was computed on
 PROBE_SAMPLES, PROBE_BATCH, PROBE_SOURCES = 4003, 4, 4

@@ -23,7 +23,8 @@ RECORDED = {
     "holdout", "masters", "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_step_every",
     "lr_gamma", "lr_min", "clip_grad_norm", "amp", "bn_batches",
     "loader_workers", "wire", "ga_decay", "ga_eps", "diloco_steps", "diloco_outer_lr",
-    "diloco_outer_momentum", "group_size", "worker_loss",
+    "diloco_outer_momentum", "group_size", "worker_loss", "optimizer", "betas", "adam_eps",
+    "weight_decay",
 }
 
 

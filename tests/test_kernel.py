@@ -501,7 +501,7 @@ def test_global_fold_is_the_workers_two_roundings_never_an_fma(core):
     m0 = rng.normal(size=n).astype(np.float32)
     delta = (-(mu * m0) * (1 + rng.normal(size=n) * 1e-3)).astype(np.float32)
     worker = Momentum.zeros_like(np.zeros(n, np.float32), OptimConfig(momentum=float(mu)))
-    worker.restore(m0.copy(), 0)
+    worker.restore({"m": m0.copy()}, 0)
     worker.fold(delta)
     fma = (np.float64(mu) * m0.astype(np.float64) + delta).astype(np.float32)  # one rounding
     assert np.count_nonzero(fma.view(np.uint32) != worker.m.view(np.uint32)) > n // 10
@@ -578,13 +578,13 @@ def test_worker_fold_in_one_pass_is_the_three_pass_fold_bit_for_bit(core, host):
                 np.float32)
         a_ref = ref.fold(delta)
         a = fused.fold(delta if host == "numpy" else lib.from_numpy(delta.copy()))
-        m, prev = fused.arrays()
+        m, prev = (state["m"] for state in fused.arrays())
         a_np = a if host == "numpy" else a.numpy()
         for got, want in ((a_np, a_ref), (m, ref.m), (prev, ref.prev)):
             assert np.array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
     assert fused.folded == ref.folded == 12
     # a resume's restore writes the m the next fold starts from
-    fused.restore(ref.m.copy(), 12)
+    fused.restore({"m": ref.m.copy()}, 12)
     a = fused.fold(np.ones(n, np.float32) if host == "numpy" else lib.ones(n))
     a_ref = ref.fold(np.ones(n, np.float32))
     assert np.array_equal(np.asarray(a if host == "numpy" else a.numpy()).view(np.uint32),

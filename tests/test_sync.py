@@ -15,13 +15,13 @@ from helpers import (
     mpirun,
     quadratic_args,
     signal_when,
+    single_process,
     steps_written,
     theta0_state,
     train,
     train_background,
 )
 
-from gem_mpi import config
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.runfile import load_run
 
@@ -36,26 +36,6 @@ def test_every_rank_holds_the_same_parameters_after_every_step():
     assert "SYNC-OK 8 steps" in res.stdout
 
 
-def _reference_sgd(args: list[str]) -> dict[str, torch.Tensor]:
-    """Plain single-process momentum SGD over worker 1's batches and dropout masks."""
-    from gem_mpi.problem import build_problem
-    from gem_mpi.run.rank import data_stream, seed_dropout
-
-    cfg, _ = config.parse(args)
-    torch.set_num_threads(1)
-    model = build_problem(cfg.data, with_theta0=False).model
-    model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum)
-    steps, batches = data_stream(cfg.data, 1, 1)
-    for step in range(steps):
-        seed_dropout(cfg.data.seed, 1, step)
-        x, y = next(batches)
-        opt.zero_grad()
-        torch.nn.functional.nll_loss(model(x), y).backward()
-        opt.step()
-    return model.state_dict()
-
-
 def test_one_worker_equals_single_process_momentum_sgd(tmp_path):
     args = ["--method", "sync", "--max-steps", "25", "--threads", "1", "--eval-every", "0",
             "--lr", "0.05", "--momentum", "0.9"]
@@ -64,7 +44,7 @@ def test_one_worker_equals_single_process_momentum_sgd(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "done: 25 synchronous steps of 1 workers" in res.stderr
     got = torch.load(saved, weights_only=True)
-    want = _reference_sgd(args)
+    want = single_process(args, lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9))
     assert got.keys() == want.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6, msg=name)

@@ -20,6 +20,11 @@ conversion, itself held to torch's bf16 rounding by the tests): q = bf16(Δθ) t
 a = bf16(κ|m|) toward zero, m folding the float32 Δθ; π from q and a, θ ← θ + π·q (the
 baselines θ ← θ + scale·q; the global proxy folds q into its m and makes a in float32).
 
+With ``adamw`` (--optimizer adamw, :mod:`gem_mpi.algorithm.adamw`) each worker keeps its own
+AdamW moments (m, v, t) across the log and its update is its AdamW step d at the θ it pulled:
+m ← m + (1 − β₁)(g − m), v ← β₂v + (1 − β₂)g², d = −(η/(1 − β₁ᵗ))·m/(√v/√(1 − β₂ᵗ) + ε)
+− ηλ·s; GEM's budget is a = κ|d| (no proxy momentum), the baselines apply d as they apply Δθ.
+
 Gap-Aware keeps one v across the whole log, every applied update's unscaled Δθ (q on the bf16
 wire) folded into it in clock order, and takes the gap against θ just before the update:
 v ← γ·v + (1 − γ)·Δθ², C = √(v / (1 − γ^t)) + ε (t: the update's clock + 1),
@@ -33,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gem_mpi.algorithm.adamw import corrections
 from gem_mpi.algorithm.kernel import (
     BF16_NEAREST_EVEN,
     BF16_TOWARD_ZERO,
@@ -52,6 +58,7 @@ from gem_mpi.config import (
     SHIFT_PAPER,
     WIRE_BF16,
     WIRE_F32,
+    AdamWConfig,
 )
 from gem_mpi.problem.quadratic import Quadratic
 
@@ -78,7 +85,8 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
            shift: str = SHIFT_OTHERS, proxy: str = PROXY_LOCAL,
            n_workers: int | None = None, schedule: Schedule | None = None,
            clip_norm: float = 0.0, wire: str = WIRE_F32, ga_decay: float = 0.999,
-           ga_eps: float = 1e-8, new_at_seq0: bool = False) -> Replay:
+           ga_eps: float = 1e-8, new_at_seq0: bool = False,
+           adamw: AdamWConfig | None = None) -> Replay:
     """Replay the applied updates of ``log`` (columns worker, version_pulled, staleness, in
     clock order; and seq with a ``schedule``) on ``q``. Only the last ``window`` versions of
     θ are kept for the pulls. ``n_workers``: the run's (the global proxy's decay depends on
@@ -86,7 +94,8 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
     ``lr`` throughout); ``clip_norm``: the gradient's clipping (0: none); ``wire``: the
     run's --wire; ``ga_decay``, ``ga_eps``: Gap-Aware's γ and ε. ``new_at_seq0``: a worker
     whose update has seq 0 is a new one (a resume on more workers): its m and s start
-    afresh (the log's seq column is read)."""
+    afresh (the log's seq column is read). ``adamw``: the run's AdamW options, when its
+    workers' optimizer is AdamW (None: momentum SGD)."""
     bf16 = wire == WIRE_BF16
     theta = q.theta0()
     if n_workers is None:
@@ -98,6 +107,7 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
     versions = {0: theta}
     targets: dict[int, np.ndarray] = {}
     m: dict[int, np.ndarray] = {}
+    adam: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}  # w's AdamW (m, v, t)
     before_own: dict[int, np.ndarray] = {}  # paper: θ just before w's previous update
     out = Replay(theta)
     with_seq = schedule is not None or new_at_seq0
@@ -107,15 +117,33 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
                                                       log["staleness"].tolist(), seqs)):
         if w not in targets or (new_at_seq0 and seq == 0):
             targets[w], m[w] = q.target(w), np.zeros(q.dim, f32)
+            adam[w] = (np.zeros(q.dim, f32), np.zeros(q.dim, f32), 0)
             before_own.pop(w, None)
         s = versions[pulled]  # the θ this worker pulled: exact version label
         diff = s - targets[w]
         out.losses.append(0.5 * float(np.dot(q.h * diff, diff)))
         eta = f32(lr) if schedule is None else schedule.eta(seq)
-        delta = f32(-eta) * clip(q.h * diff, clip_norm)
+        g = clip(q.h * diff, clip_norm)
+        if adamw is None:
+            delta = f32(-eta) * g
+        else:
+            am, av, t = adam[w]
+            b1, b2 = f32(adamw.beta1), f32(adamw.beta2)
+            inv_bc1, sqrt_bc2 = corrections(float(b1), float(b2), t + 1)
+            am = am + (f32(1) - b1) * (g - am)
+            av = b2 * av + (f32(1) - b2) * (g * g)
+            adam[w] = (am, av, t + 1)
+            denom = np.sqrt(av) / f32(sqrt_bc2) + f32(adamw.adam_eps)
+            delta = (am / denom) * f32(-float(eta) * inv_bc1)
+            if adamw.weight_decay:
+                delta = delta - f32(float(eta) * adamw.weight_decay) * s
         sent = _bf16(delta, BF16_NEAREST_EVEN) if bf16 else delta  # what the master reads
         if method == GEM:
-            if proxy == PROXY_GLOBAL:
+            if adamw is not None:
+                a = f32(kappa) * np.abs(delta)
+                if bf16:
+                    a = _bf16(a, BF16_TOWARD_ZERO)
+            elif proxy == PROXY_GLOBAL:
                 m_global = mu_g * m_global + gain * sent
                 a = f32(kappa) * np.abs(m_global)
             else:

@@ -68,7 +68,7 @@ from gem_mpi.algorithm.kernel import (
     Kernel,
     to_bf16,
 )
-from gem_mpi.config import PROXY_GLOBAL, WIRE_BF16, GapAwareConfig, OptimConfig
+from gem_mpi.config import OPT_ADAMW, PROXY_GLOBAL, WIRE_BF16, GapAwareConfig, OptimConfig
 from gem_mpi.methods import RULE_GAP, RULE_GEM, SHIFT_BASE
 from gem_mpi.protocol import update_payload
 
@@ -131,19 +131,21 @@ class Momentum:
         a *= self.kappa
         return a
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+    def arrays(self) -> list[dict[str, np.ndarray]]:
+        """[m now, m before the last update], on the host, as a stop saves them."""
         def host(x: Any) -> np.ndarray:
             return x if isinstance(x, np.ndarray) else x.detach().cpu().numpy()
 
-        return host(self.m), host(self.prev)
+        return [{"m": host(self.m)}, {"m": host(self.prev)}]
 
-    def restore(self, values: np.ndarray, folded: int) -> None:
+    def restore(self, values: dict[str, np.ndarray], folded: int) -> None:
+        """A saved m (one of :meth:`arrays`' two) holding the first ``folded`` updates."""
         if isinstance(self.m, np.ndarray):
-            self.m[...] = values
+            self.m[...] = values["m"]
         else:
             import torch
 
-            self.m.copy_(torch.from_numpy(values))
+            self.m.copy_(torch.from_numpy(values["m"]))
         self.folded = folded
 
 
@@ -164,9 +166,12 @@ class WorkerRule:
         global proxy the worker keeps no momentum: the master does. ``extension``:
         gem_mpi.algorithm._core, to fold m in one pass when it lives in host memory, and to
         round to bf16 (--wire bf16) in one pass; None: numpy does both."""
-        local = (methods.of(optim.method).rule == RULE_GEM
-                 and optim.gem_proxy != PROXY_GLOBAL)
+        gem = methods.of(optim.method).rule == RULE_GEM
+        adamw = optim.optimizer == OPT_ADAMW  # the proxy's step is d itself: a = κ|d|
+        local = gem and optim.gem_proxy != PROXY_GLOBAL and not adamw
         self.momentum = Momentum.zeros_like(like, optim, extension) if local else None
+        self.kappa = np.float32(optim.kappa) if gem and adamw else None
+        self._a: np.ndarray | None = None  # κ|d|'s buffer, reused like the fused fold's
         payload = update_payload(optim, 0)
         self.with_s = SHIFT_BASE in payload.parts  # GEM and Gap-Aware: the master needs s
         self.send_s_once = payload.kept == SHIFT_BASE  # the master keeps s
@@ -199,6 +204,11 @@ class WorkerRule:
         if self.momentum is not None:  # m folds the float32 Δθ, whatever the wire
             a = to_host(self.momentum.fold(delta if delta_on_device is None
                                            else delta_on_device))
+        elif self.kappa is not None:  # AdamW's proxy: the budget of its own step, κ|d|
+            if self._a is None:
+                self._a = np.empty_like(delta)
+            a = np.abs(delta, out=self._a)
+            a *= self.kappa
         parts = self._wire_parts(delta, a)
         if not self.with_s or (self.send_s_once and self.sent_s):
             return parts

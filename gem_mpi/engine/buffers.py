@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gem_mpi.algorithm.adamw import AdamW
 from gem_mpi.algorithm.stepsize import Schedule
+from gem_mpi.config import AdamWConfig
 from gem_mpi.run.local_step import LocalStep
 
 if TYPE_CHECKING:  # torch is imported when a step is made, never on import
@@ -29,11 +31,15 @@ class DeltaTurns:
     delta: torch.Tensor | None  # the step's Δθ (None once released)
 
     def __init__(self, local: LocalStep, n: int, lr: float, schedule: Schedule,
-                 overlapped: bool, on_gpu: bool) -> None:
-        """``lr``: η; ``schedule``: η per step, unless constant."""
+                 overlapped: bool, on_gpu: bool, adamw: AdamWConfig | None = None,
+                 depth: int = 2) -> None:
+        """``lr``: η; ``schedule``: η per step, unless constant; ``adamw``: the worker's
+        AdamW (--optimizer adamw; None: Δθ = −η·g). AdamW's step is made on the compute
+        thread, in step order, so it is never deferred; ``depth``: the AdamW states it keeps
+        (:data:`gem_mpi.algorithm.adamw.DEPTH`)."""
         torch = self.torch = local.torch
         self.local, self.lr, self.schedule = local, lr, schedule
-        self.deferred = overlapped and not on_gpu
+        self.deferred = overlapped and not on_gpu and adamw is None
         self.grads = [torch.zeros(n, dtype=torch.float32, device=local.device)
                       for _ in range(2 if self.deferred else 1)]
         self.lrs = [lr] * len(self.grads)  # each turn's η, for settle
@@ -42,6 +48,7 @@ class DeltaTurns:
         self.deltas = [torch.empty(n, dtype=torch.float32, device=local.device)
                        for _ in range(2 if overlapped else 1)]
         self.delta = self.deltas[0]
+        self.adamw = None if adamw is None else AdamW(self.grad, adamw, depth)
 
     def begin(self, seq: int) -> int:
         """Step ``seq``'s turn, its g ready for the backward: zeroed now, or (deferred) the
@@ -55,14 +62,17 @@ class DeltaTurns:
             self.grad.zero_()
         return turn
 
-    def make(self, turn: int, seq: int) -> torch.Tensor | None:
-        """Δθ = −η·g of step ``seq`` into the turn's buffer; None when deferred (η kept for
-        settle)."""
+    def make(self, turn: int, seq: int, theta: torch.Tensor) -> torch.Tensor | None:
+        """Δθ = −η·g of step ``seq`` (AdamW: its step d at ``theta``, the θ it was computed
+        at) into the turn's buffer; None when deferred (η kept for settle)."""
         lr = self.lr if self.schedule.constant else float(self.schedule.eta(seq))
         self.delta = self.deltas[turn]
         if self.deferred:
             self.lrs[turn] = lr
             return None
+        if self.adamw is not None:
+            assert self.grad is not None, "a step after release()"
+            return self.adamw.step(self.grad, theta, lr, out=self.delta)
         self.torch.mul(self.grad, -lr, out=self.delta)  # Δθ, on the device
         return self.delta
 

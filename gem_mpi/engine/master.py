@@ -18,7 +18,7 @@ import numpy as np
 from gem_mpi import methods
 from gem_mpi.algorithm.kernel import GapStats, GemStats, Kernel, kernel_threads, node_cores_left
 from gem_mpi.algorithm.rule import MasterRule
-from gem_mpi.config import LOSS_CONTINUE, Config
+from gem_mpi.config import LOSS_CONTINUE, OPT_ADAMW, Config
 from gem_mpi.engine.roster import Dealer, Roster
 from gem_mpi.engine.shards import Lead, Plan
 from gem_mpi.errors import OutputError
@@ -556,7 +556,8 @@ def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Prob
     masters = "1 master" if role is None else (
         f"{role.plan.masters} masters (θ's shards: "
         + ", ".join(f"{hi - lo}" for lo, hi in role.plan.bounds) + " parameters)")
-    say(f"{cfg.method} on {cfg.data.model}/{cfg.data.dataset}: {masters} + "
+    adamw = " (AdamW workers)" if cfg.optim.optimizer == OPT_ADAMW else ""
+    say(f"{cfg.method}{adamw} on {cfg.data.model}/{cfg.data.dataset}: {masters} + "
         f"{layout.n_workers} workers, {problem.n_params} parameters, master kernel: "
         f"{kernel.name}; {update_payload(cfg.optim, problem.n_params).wire_note()}"
         + (f"; resuming {resumed.path} at update {resumed.clock}"
@@ -584,12 +585,14 @@ def _momentum_note(cfg: Config, ckpt: checkpoint.Checkpoint) -> str:
     state = method.master_state(cfg.optim)
     if state is not None:
         return f", {state} restored from the checkpoint"
-    if method.rule != RULE_GEM:
+    adamw = cfg.optim.optimizer == OPT_ADAMW
+    if method.rule != RULE_GEM and not adamw:
         return ""
     directory, seqs = cfg.outputs.checkpoint_dir, ckpt.next_seq
     assert seqs is not None, "an asynchronous run's checkpoint"
     found = sum(
-        checkpoint.load_worker_momentum(directory, w + 1, int(seqs[w]), ckpt.run_id)
+        checkpoint.load_worker_state(directory, w + 1, int(seqs[w]), ckpt.run_id)
         is not None for w in range(len(seqs)) if seqs[w] > 0
     ) if directory else 0
-    return f", worker momentum restored for {found} of {len(seqs)} workers (the rest start at 0)"
+    what = "AdamW state" if adamw else "momentum"
+    return f", worker {what} restored for {found} of {len(seqs)} workers (the rest start at 0)"

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
+from gem_mpi.algorithm.adamw import DEPTH, AdamW
 from gem_mpi.algorithm.stepsize import Schedule, clip
-from gem_mpi.config import Config, DataConfig, OptimConfig
+from gem_mpi.config import OPT_ADAMW, AdamWConfig, Config, DataConfig, OptimConfig
 from gem_mpi.engine.batches import WorkerBatches
 from gem_mpi.engine.buffers import DeltaTurns, HostCopies
 from gem_mpi.engine.group import Group
@@ -36,6 +37,7 @@ class Steps(Protocol[M]):
     gpu_s: float
     pull_buffers: list[np.ndarray]  # where its pulls land (the overlap's three θ), if its own
     group: Group | None
+    adamw: AdamW | None  # --optimizer adamw: the worker's AdamW, whose step is Δθ
 
     @property
     def device(self) -> object:
@@ -84,7 +86,8 @@ class QuadraticSteps:
     """Δθ of the numpy quadratic problem; used by the invariant tests."""
 
     def __init__(self, optim: OptimConfig, data: DataConfig, problem: Problem,
-                 rank: int, plan: list | None = None) -> None:
+                 rank: int, plan: list | None = None, adamw: AdamWConfig | None = None
+                 ) -> None:
         assert problem.quadratic is not None, "the quadratic problem"
         self.q = problem.quadratic
         self.n = problem.n_params
@@ -102,16 +105,23 @@ class QuadraticSteps:
         self.pull_buffers: list[np.ndarray] = []
         self.group: Group | None = None
         self.delta_on_device = None  # m lives on the host, beside Δθ
+        self.adamw = (AdamW(np.zeros(self.n, np.float32), adamw or AdamWConfig(),
+                            DEPTH[optim.worker_mode])
+                      if optim.optimizer == OPT_ADAMW else None)
 
     def momentum_like(self) -> np.ndarray:
         return np.zeros(self.n, np.float32)
 
     def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
-        if self.plain:
+        if self.plain and self.adamw is None:
             return self.q.step(theta, self.target, self.lr)
         diff = theta - self.target
         loss = 0.5 * float(np.dot(self.q.h * diff, diff))
-        return -self.schedule.eta(seq) * clip(self.q.h * diff, self.clip_norm), loss
+        g = clip(self.q.h * diff, self.clip_norm)
+        if self.adamw is not None:  # a new array each step, as q.step's
+            return self.adamw.step(g, theta, float(self.schedule.eta(seq)),
+                                   np.empty_like(g)), loss
+        return -self.schedule.eta(seq) * g, loss
 
     def host(self, a: np.ndarray) -> np.ndarray:
         return a
@@ -162,7 +172,10 @@ class TorchSteps:
         self.group = group
         self.batches = WorkerBatches(cfg, rank, n_workers, start_seq, plan, self.device)
         self.turns = DeltaTurns(self.local, n, cfg.optim.lr, Schedule.of(cfg.optim, self.steps),
-                                overlapped, self.on_gpu)
+                                overlapped, self.on_gpu,
+                                cfg.adamw if cfg.optim.optimizer == OPT_ADAMW else None,
+                                DEPTH[cfg.optim.worker_mode])
+        self.adamw = self.turns.adamw
         self._bound: int | None = None  # the host θ the CPU parameters view
         self.copies: HostCopies | None = None
         if self.on_gpu:
@@ -200,9 +213,9 @@ class TorchSteps:
             self._bound = theta.ctypes.data
         self.load_s += time.perf_counter() - t
         x, y = self.batches.batch(seq)
+        flat = copies.flat if copies is not None else torch.from_numpy(theta)  # θ, on device
+        assert flat is not None, "a step after release()"
         if self.group is not None:  # the members compute at this θ, each on its own part
-            flat = copies.flat if copies is not None else torch.from_numpy(theta)
-            assert flat is not None, "a step after release()"
             self.group.theta(flat, seq)
             x, y = self.group.part(x, y)
         turn = turns.begin(seq)
@@ -214,7 +227,7 @@ class TorchSteps:
         if self.group is not None:  # the group's gradient: the mean over its G parts
             self.group.average(grad)
         self.local.clip()  # before Δθ, and so before GEM's momentum fold
-        delta = turns.make(turn, seq)
+        delta = turns.make(turn, seq, flat)
         if delta is None:
             return None, float(loss.detach())  # Δθ: settle(), on the other thread
         if copies is None:

@@ -21,8 +21,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from gem_mpi.algorithm.adamw import AdamW
 from gem_mpi.algorithm.kernel import load_extension
-from gem_mpi.algorithm.rule import WorkerRule
+from gem_mpi.algorithm.rule import Momentum, WorkerRule
 from gem_mpi.config import LOSS_CONTINUE, OVERLAP, Config
 from gem_mpi.engine.group import Group
 from gem_mpi.engine.orders import ORDERS, Versions, wait_order
@@ -44,7 +45,8 @@ def _set_up(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
     """The worker's steps, endpoint and rule; a resumed GEM worker's momentum restored."""
     rank = comm.Get_rank() - (plan.masters - 1)  # the worker's number, 1..n
     if problem.quadratic is not None:
-        steps_fn: Steps[Any] = QuadraticSteps(cfg.optim, cfg.data, problem, rank, dealt)
+        steps_fn: Steps[Any] = QuadraticSteps(cfg.optim, cfg.data, problem, rank, dealt,
+                                               cfg.adamw)
     else:
         steps_fn = TorchSteps(cfg, problem, rank, plan.n_workers, placement, start_seq,
                               overlapped=cfg.optim.worker_mode == OVERLAP, plan=dealt,
@@ -57,13 +59,13 @@ def _set_up(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
     extension = None if cfg.runtime.no_extension else load_extension()[0]
     rule = WorkerRule(cfg.optim, steps_fn.momentum_like(), resumed=start_seq > 0,
                       extension=extension)
-    momentum, directory = rule.momentum, cfg.outputs.checkpoint_dir
-    if momentum is not None:
-        momentum.folded = start_seq
-        if start_seq and directory:  # a stopped run's momentum, if it matches
-            found = checkpoint.load_worker_momentum(directory, rank, start_seq, run_id)
-            if found is not None:
-                momentum.restore(found, start_seq)
+    state, directory = own_state(steps_fn, rule), cfg.outputs.checkpoint_dir
+    if state is not None:
+        state.folded = start_seq
+        if start_seq and directory:  # a stopped run's state, if it matches
+            found = checkpoint.load_worker_state(directory, rank, start_seq, run_id)
+            if found is not None and set(found) == set(state.arrays()[0]):  # its optimizer's
+                state.restore(found, start_seq)
     if cfg.monitor.verbose:
         print(f"gem_mpi: worker {rank}: steps {start_seq}..{steps_fn.steps} on "
               f"{steps_fn.device}", file=sys.stderr, flush=True)
@@ -85,12 +87,18 @@ def _sign_off_done(w: WorkerStep, version: Versions) -> tuple[int, list | None]:
     return code, runs
 
 
+def own_state(steps_fn: Steps[Any], rule: WorkerRule) -> AdamW | Momentum | None:
+    """The optimizer state a worker keeps across its updates: its AdamW's, or GEM's m
+    (momentum SGD's other methods keep none)."""
+    return steps_fn.adamw if steps_fn.adamw is not None else rule.momentum
+
+
 def _save_momentum(w: WorkerStep, run_id: str) -> None:
-    """A GEM worker's m beside the checkpoints, for the resume that gives it back."""
-    momentum, directory = w.rule.momentum, w.cfg.outputs.checkpoint_dir
-    if momentum is not None and directory:
-        m, prev = momentum.arrays()
-        checkpoint.save_worker_momentum(directory, w.rank, momentum.folded, m, prev, run_id)
+    """A worker's own optimizer state beside the checkpoints, for the resume that gives it
+    back."""
+    state, directory = own_state(w.steps_fn, w.rule), w.cfg.outputs.checkpoint_dir
+    if state is not None and directory:
+        checkpoint.save_worker_state(directory, w.rank, state.folded, state.arrays(), run_id)
 
 
 def _leave(w: WorkerStep, version: Versions, run_id: str) -> int:

@@ -20,9 +20,10 @@ Which settings may change on a resume is decided here (:data:`MAY_CHANGE`); the 
 records every change with the update it took effect at.
 
 --method sync also stores the optimizer's momentum buffer (one flat array like θ), so its
-resume continues exactly. A GEM worker's momentum m lives on the worker: when a run is
-stopped (SIGUSR1/SIGTERM), each GEM worker writes its own file beside the checkpoint
-(``momentum_w<rank>.h5``, atomically), and a resume restores it where it holds exactly the
+resume continues exactly. A GEM worker's momentum m (any worker's AdamW m, v and t under
+--optimizer adamw) lives on the worker: when a run is stopped (SIGUSR1/SIGTERM), each such
+worker writes its own file beside the checkpoint (``momentum_w<rank>.h5``, atomically: its
+state and those before its last steps), and a resume restores the one holding exactly the
 updates the checkpoint counts for that worker. After a crash, the periodic checkpoint has
 no such files and m restarts at 0; the updates applied after the checkpoint are done again.
 With the global proxy (``--gem-proxy global``) m is the master's: every checkpoint holds it
@@ -48,7 +49,14 @@ from typing import Any
 import h5py
 import numpy as np
 
-from gem_mpi.config import DataConfig, DilocoConfig, GapAwareConfig, OptimConfig, synchronous
+from gem_mpi.config import (
+    AdamWConfig,
+    DataConfig,
+    DilocoConfig,
+    GapAwareConfig,
+    OptimConfig,
+    synchronous,
+)
 from gem_mpi.errors import OutputError, UsageError
 from gem_mpi.outputs.files import atomic_write, os_reason
 
@@ -63,7 +71,7 @@ _PATTERN = re.compile(r"checkpoint_(\d{12})\.h5$")
 # options change nothing that is computed and may differ freely.
 MAY_CHANGE = ("lr", "data_dir", "loader_workers")
 # the sections of the update rule (each method's own included) and of the data
-_COMPUTED = [f for sec in (OptimConfig, GapAwareConfig, DilocoConfig, DataConfig)
+_COMPUTED = [f for sec in (OptimConfig, AdamWConfig, GapAwareConfig, DilocoConfig, DataConfig)
              for f in dataclasses.fields(sec)]
 MUST_MATCH = tuple(f.name for f in _COMPUTED if f.name not in MAY_CHANGE)
 RECORDED = tuple(f.name for f in _COMPUTED)
@@ -164,40 +172,51 @@ def save(directory: str, ckpt: Checkpoint) -> str:
 WORKER_MOMENTUM = "momentum_w{rank:05d}.h5"
 
 
-def save_worker_momentum(directory: str, rank: int, folded: int, m: np.ndarray,
-                         prev: np.ndarray, run_id: str) -> None:
-    """A stopping GEM worker's m (holding its first ``folded`` updates) and the m before the
-    last of them; atomically, like a checkpoint. A failure is reported, not raised: the
-    master's checkpoint is what matters, and m would merely restart at 0."""
+def save_worker_state(directory: str, rank: int, folded: int,
+                      states: list[dict[str, np.ndarray]], run_id: str) -> None:
+    """A stopping worker's own optimizer state (GEM's m; AdamW's m, v and t) holding its
+    first ``folded`` updates, then the states before its last, its last two, ... updates
+    (``states``, newest first: a worker may have taken steps the master never applied), as
+    HDF5 groups ``0``, ``1``, ...; atomically, like a checkpoint. A failure is reported, not
+    raised: the master's checkpoint is what matters, and the state would merely restart
+    at 0."""
     def write(tmp: str) -> None:
         with h5py.File(tmp, "w") as f:
             f.attrs["folded"] = int(folded)
             f.attrs["run_id"] = run_id
-            for name, value in (("m", m), ("prev", prev)):
-                f.create_dataset(name, data=value).attrs["sha256"] = _sha256(value)
+            for back, arrays in enumerate(states):
+                group = f.create_group(str(back))
+                for name, value in arrays.items():
+                    value = np.asarray(value)
+                    group.create_dataset(name, data=value).attrs["sha256"] = _sha256(value)
 
     try:
         atomic_write(os.path.join(directory, WORKER_MOMENTUM.format(rank=rank)), write)
     except (OSError, RuntimeError) as exc:
-        print(f"gem_mpi: worker {rank}: could not save its momentum ({os_reason(exc)}); a "
-              "resume restarts it at 0", file=sys.stderr, flush=True)
+        print(f"gem_mpi: worker {rank}: could not save its optimizer state ({os_reason(exc)}); "
+              "a resume restarts it at 0", file=sys.stderr, flush=True)
 
 
-def load_worker_momentum(directory: str, rank: int, start_seq: int,
-                         run_id: str) -> np.ndarray | None:
-    """The saved m of this run holding exactly this worker's first ``start_seq`` updates,
-    intact, or None (m then restarts at 0; the start-up line counts the workers that got it)."""
+def load_worker_state(directory: str, rank: int, start_seq: int,
+                      run_id: str) -> dict[str, np.ndarray] | None:
+    """The saved state of this run holding exactly this worker's first ``start_seq``
+    updates, intact, or None (it then restarts at 0; the start-up line counts the workers
+    that got it)."""
     path = os.path.join(directory, WORKER_MOMENTUM.format(rank=rank))
     try:
         with h5py.File(path, "r") as f:
             if str(f.attrs["run_id"]) != run_id:
                 return None
-            folded = int(f.attrs["folded"])
-            name = "m" if folded == start_seq else "prev" if folded - 1 == start_seq else None
-            if name is None:
+            back = str(int(f.attrs["folded"]) - start_seq)
+            if back not in f:
                 return None
-            value = f[name][()]
-            return value if _sha256(value) == f[name].attrs["sha256"] else None
+            out = {}
+            for name, dataset in f[back].items():
+                value = np.asarray(dataset[()])
+                if _sha256(value) != dataset.attrs["sha256"]:
+                    return None
+                out[name] = value
+            return out
     except (OSError, KeyError, ValueError):
         return None
 

@@ -16,7 +16,7 @@ import os
 import re
 from typing import Any
 
-from gem_mpi import methods
+from gem_mpi import methods, optimizers
 from gem_mpi.algorithm.rule import global_decay
 from gem_mpi.config import (
     AMP_OFF,
@@ -140,6 +140,7 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         raise UsageError(f"--method {method} trains torch models: --model quadratic is for "
                          "the asynchronous methods only")
     _check_fields(cfg)
+    optimizers.check(cfg)  # the other optimizer's option would be ignored too: refused
     _check_step_options(cfg)
     if record.rule == RULE_GEM and cfg.optim.gem_proxy == PROXY_GLOBAL:
         _check_global_decay(cfg.optim.momentum, n_workers(cfg, world_size))
