@@ -331,6 +331,10 @@ class RuntimeConfig:
                                 "FACTOR "
                                 "times slower (it sleeps after each step): to see what "
                                 "asynchrony buys", metavar="WORKER:FACTOR")
+    speeds: str | None = opt(None, "each worker's slowdown factor, F1 for worker 1, F2 for "
+                             "worker 2, ... (each in [1, 1000]; one per worker): a mixed "
+                             "cluster, as --straggler makes one slow worker",
+                             metavar="F1,F2,...")
 
 
 @dataclass(frozen=True)
@@ -497,6 +501,29 @@ def worker_ranks(cfg: Config, worker: int) -> str:
     first = cfg.runtime.masters + (worker - 1) * cfg.runtime.group_size
     g = cfg.runtime.group_size
     return f"rank {first}" if g == 1 else f"ranks {first}-{first + g - 1}, leader {first}"
+
+
+def speeds(cfg: Config, world_size: int) -> list[float] | None:
+    """Each worker's slowdown factor from --speeds (worker w's at w − 1), or None."""
+    text = cfg.runtime.speeds
+    if text is None:
+        return None
+    if cfg.runtime.straggler is not None:
+        raise UsageError("--speeds sets every worker's factor: --straggler would be a second "
+                         "one (give its factor in --speeds)")
+    try:
+        factors = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--speeds wants numbers F1,F2,..., got {text!r}") from None
+    n = n_workers(cfg, world_size)
+    if len(factors) != n:
+        raise UsageError(f"--speeds gives {len(factors)} factors for the run's {n} workers: "
+                         "one per worker")
+    for w, factor in enumerate(factors, 1):
+        if not 1 <= factor <= STRAGGLER_MAX:
+            raise UsageError(f"--speeds: worker {w}'s factor must be in [1, "
+                             f"{STRAGGLER_MAX:g}] (a slowdown), got {factor}")
+    return factors
 
 
 def straggler(cfg: Config, world_size: int) -> tuple[int, float] | None:

@@ -48,10 +48,12 @@ def test_a_slow_worker_does_not_slow_the_others(tmp_path):
     compute is slowed (0.3 ms here), not the commit, the pull or the wait for the master
     (a few ms for 200 000 floats on 2 loaded cores), so a factor of 5 left the ratio near
     2 on a quiet machine and at 1.27 in a full-suite run (2026-12-05): 50 makes the
-    straggler's sleep the larger part of its cycle, whatever the load."""
+    straggler's sleep the larger part of its cycle, whatever the load. Set by --speeds, one
+    factor per worker (--straggler 2:50 is the same case: tests/test_examples.py and
+    tests/test_sync.py run it)."""
     steps = 400
     res = train(5, *QUAD, "--quadratic-dim", "200000", "--method", "gem", "--max-steps",
-                str(steps), "--straggler", "2:50", "--metrics", str(tmp_path / "run.h5"),
+                str(steps), "--speeds", "1,50,1,1", "--metrics", str(tmp_path / "run.h5"),
                 "--eval-every", "0", timeout=300)
     assert res.returncode == 0, res.stderr
     u = load_run(tmp_path / "run.h5").updates

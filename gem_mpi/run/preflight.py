@@ -39,6 +39,7 @@ from gem_mpi.config import (
     flag_of,
     is_plugin,
     n_workers,
+    speeds,
     straggler,
     synchronous,
 )
@@ -154,6 +155,7 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         if os.path.isdir(out.save):
             raise UsageError(f"--save {out.save!r} is a directory; name the file to write")
     straggler(cfg, world_size)
+    speeds(cfg, world_size)
     if out.checkpoint_dir:
         if os.path.exists(out.checkpoint_dir) and not os.path.isdir(out.checkpoint_dir):
             raise UsageError(f"--checkpoint-dir {out.checkpoint_dir!r} is not a directory")

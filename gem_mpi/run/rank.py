@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gem_mpi.config import QUADRATIC, Config, DataConfig, straggler, synchronous
+from gem_mpi.config import QUADRATIC, Config, DataConfig, speeds, straggler, synchronous
 from gem_mpi.transport import MPI
 
 if TYPE_CHECKING:  # torch is imported when a device is asked for, never on import
@@ -220,6 +220,10 @@ def own_plan(data: DataConfig, n: int, worker: int, plan: list | None) -> list:
 
 
 def slowness(cfg: Config, world_size: int, worker: int) -> float:
-    """How many times slower --straggler makes worker ``worker`` (1 for all the others)."""
+    """How many times slower --speeds or --straggler makes worker ``worker`` (1 when
+    neither names it)."""
+    factors = speeds(cfg, world_size)
+    if factors is not None:
+        return factors[worker - 1]
     slow = straggler(cfg, world_size)
     return slow[1] if slow and slow[0] == worker else 1.0
