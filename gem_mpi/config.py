@@ -38,9 +38,10 @@ def synchronous(method: str) -> bool:
     return method in SYNC_METHODS
 
 QUADRATIC = "quadratic"  # the numpy test problem: no torch, no data
-TORCH_MODELS = ("mnist-cnn", "alexnet", "resnet18")
+TORCH_MODELS = ("mnist-cnn", "alexnet", "resnet18", "gpt")
 MODELS = (*TORCH_MODELS, QUADRATIC)
-DATASETS = ("fashion-mnist", "mnist", "imagenet", "synthetic")
+DATASETS = ("fashion-mnist", "mnist", "imagenet", "synthetic", "text")
+GPT, TEXT = "gpt", "text"  # the language model and the bytes it reads: each needs the other
 HOLDOUT_DATASETS = ("fashion-mnist", "mnist")  # held as arrays: --holdout slices them
 SHIFT_OTHERS, SHIFT_PAPER = "others", "paper"  # GEM's two readings of the shift |θ − s|
 GEM_SHIFTS = (SHIFT_OTHERS, SHIFT_PAPER)
@@ -213,7 +214,9 @@ class DataConfig:
                            "log_softmax), cross_entropy for a model of your own",
                            metavar="LOSS")
     data_dir: str | None = opt(None, "dataset location (default: Debian's "
-                               "/usr/share/datasets/fashion-mnist, then ~/.cache/gem_mpi/data)")
+                               "/usr/share/datasets/fashion-mnist, then ~/.cache/gem_mpi/data; "
+                               "--dataset text: the text files under it, by default the running "
+                               "Python's standard-library sources)")
     batch_size: int = opt(64, "worker mini-batch b", check=POSITIVE)
     epochs: int = opt(1, "epochs of the training set per worker", check=POSITIVE)
     max_steps: int = opt(0, "cap on each worker's steps (0: no cap; the epochs decide)",
@@ -229,6 +232,18 @@ class DataConfig:
     synthetic_size: int = opt(60000, "samples per epoch of --dataset synthetic",
                               check=POSITIVE)
     quadratic_dim: int = opt(100_000, "parameters of --model quadratic", check=POSITIVE)
+    context: int = opt(64, "--dataset text: the bytes of one sample, the language model's "
+                       "context (each sample predicts the byte after each of its bytes)",
+                       check=POSITIVE)
+    test_bytes: int = opt(262_144, "--dataset text: evaluate on the first N bytes of the test "
+                          "files (0: all of them; an evaluation predicts each byte once, and "
+                          "the standard library's 3 MB take a CPU a minute)",
+                          check=NON_NEGATIVE)
+    gpt_layers: int = opt(2, "--model gpt: transformer blocks", check=POSITIVE)
+    gpt_heads: int = opt(4, "--model gpt: attention heads per block (they divide --gpt-width)",
+                         check=POSITIVE)
+    gpt_width: int = opt(128, "--model gpt: the width of its embeddings and blocks",
+                         check=POSITIVE)
     loader_workers: int = opt(0, "processes that make each worker's training batches ahead "
                               "(torch DataLoader workers, started once, page-locked batches "
                               "for a GPU), the same batches bit for bit (0: the worker makes "

@@ -24,7 +24,7 @@ RECORDED = {
     "lr_gamma", "lr_min", "clip_grad_norm", "amp", "bn_batches",
     "loader_workers", "wire", "ga_decay", "ga_eps", "diloco_steps", "diloco_outer_lr",
     "diloco_outer_momentum", "group_size", "worker_loss", "optimizer", "betas", "adam_eps",
-    "weight_decay", "speeds",
+    "weight_decay", "speeds", "context", "test_bytes", "gpt_layers", "gpt_heads", "gpt_width",
 }
 
 

@@ -70,13 +70,13 @@ DEPARTURE_COLUMNS = [("time", "f8"), ("worker", "i4"), ("updates", "i8"), ("cloc
 SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished", "rejected",
                   "diverged",
                   "master_wait_s", "master_apply_s", "master_metrics_s", "master_mpi_s",
-                  "master_cpu_s"]
+                  "master_cpu_s", "tokens"]
 # the asynchronous workers' own time split, WORKER_TIME_COLUMNS (seconds, one row per
 # worker, sent with their DONE message, gem_mpi.protocol; /summary/worker_time, NaN for a
 # worker that did not finish): what each worker's wall time went to, from its first pull to
 # its last message
 SYNC_SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished",
-                       "diverged", "compute_s", "allreduce_s"]
+                       "diverged", "compute_s", "allreduce_s", "tokens"]
 
 
 # --masters K > 1, /summary: each shard's clock (updates it applied) and rejected updates,

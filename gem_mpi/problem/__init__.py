@@ -56,7 +56,8 @@ def build_problem(data: DataConfig, with_theta0: bool) -> Problem:
     if is_plugin(data.model):
         model = build_users_model(data.model)
     else:
-        model = build_model(data.model, dataset_spec(data.dataset, data.model))
+        model = build_model(data.model, dataset_spec(data.dataset, data.model, data.context),
+                            (data.gpt_layers, data.gpt_heads, data.gpt_width))
     params = list(model.named_parameters())
     names = [n for n, _ in params]
     sizes = [p.numel() for _, p in params]

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import torch
 
-from gem_mpi.config import DataConfig, is_plugin
-from gem_mpi.errors import UsageError
-from gem_mpi.problem import idx, imagenet
+from gem_mpi.config import GPT, TEXT, DataConfig, is_plugin
+from gem_mpi.errors import DataError, UsageError
+from gem_mpi.problem import idx, imagenet, text
 from gem_mpi.problem.batches import iterate_batches
 from gem_mpi.problem.seeds import mix_seed
 from gem_mpi.problem.spec import check_dataset_name, check_split_name, dataset_spec
@@ -23,6 +23,7 @@ from gem_mpi.problem.splits import (
     ImageFolderSplit,
     Split,
     SyntheticSplit,
+    TextSplit,
     UserSplit,
 )
 
@@ -30,7 +31,8 @@ _SYNTHETIC_DEFAULT_SIZE = {"train": 60_000, "test": 10_000}
 _STATISTICS_SEED = 0x5BA7C4  # the BatchNorm statistics' batches: a stream of their own
 
 
-def check_dataset(dataset: str, data_dir: str | None, at_least: int = 1) -> int:
+def check_dataset(dataset: str, data_dir: str | None, at_least: int = 1,
+                  context: int = 64) -> int:
     """Fail early, in the launcher, with one readable line instead of N worker tracebacks.
 
     Reads IDX headers and streams (but does not keep) the data. For MNIST this downloads the
@@ -43,6 +45,14 @@ def check_dataset(dataset: str, data_dir: str | None, at_least: int = 1) -> int:
         return len(load_split(dataset, data_dir, "train", ""))
     if dataset == "synthetic":
         return 0
+    if dataset == TEXT:
+        for split in ("test", "train"):  # each must hold a sample
+            n = len(load_split(dataset, data_dir, split, GPT, context=context))
+            if not n:
+                raise DataError(f"--dataset text: the {split} files under "
+                                f"{data_dir or str(text.default_root())!r} hold fewer than "
+                                f"--context {context} + 1 bytes")
+        return n
     if dataset == "imagenet":
         return imagenet.check_imagenet(data_dir, at_least)
     return idx.check_files(dataset, data_dir)
@@ -54,16 +64,22 @@ def load_split(
     split: str,
     model: str,
     synthetic_size: int | None = None,
+    context: int = 64,
+    test_bytes: int = 0,
 ) -> Split:
     """Load one split, shaped for `model` (see `dataset_spec`).
 
-    `synthetic_size` only matters for the synthetic dataset.
+    `synthetic_size` only matters for the synthetic dataset, `context` and `test_bytes` (the
+    test split's first bytes; 0: all) for text.
     """
     check_dataset_name(dataset)
     check_split_name(split)
     if is_plugin(dataset):
         return UserSplit(dataset, split)
-    spec = dataset_spec(dataset, model)
+    spec = dataset_spec(dataset, model, context)
+    if dataset == TEXT:
+        limit = test_bytes if split == "test" else 0
+        return TextSplit(split, spec, text.read_split(data_dir, split, limit))
     if dataset == "synthetic":
         size = _SYNTHETIC_DEFAULT_SIZE[split] if synthetic_size is None else synthetic_size
         if size < 1:
@@ -77,7 +93,7 @@ def load_split(
 def training_split(data: DataConfig, synthetic_size: int | None = None) -> Split:
     """What the workers train on: the training split, less its last --holdout samples."""
     split = load_split(data.dataset, data.data_dir, "train", data.model,
-                       synthetic_size=synthetic_size)
+                       synthetic_size=synthetic_size, context=data.context)
     if not data.holdout:
         return split
     assert isinstance(split, ArraySplit)  # the config allows --holdout for these only
@@ -88,7 +104,8 @@ def evaluation_split(data: DataConfig) -> Split:
     """What the master evaluates θ on: the test split, or with --holdout the last
     --holdout training samples, which no worker trains on (a validation set)."""
     if not data.holdout:
-        return load_split(data.dataset, data.data_dir, "test", data.model)
+        return load_split(data.dataset, data.data_dir, "test", data.model,
+                          context=data.context, test_bytes=data.test_bytes)
     split = load_split(data.dataset, data.data_dir, "train", data.model)
     assert isinstance(split, ArraySplit)
     return split.part("validation", slice(len(split) - data.holdout, len(split)))

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gem_mpi.config import TORCH_MODELS
+from gem_mpi.config import GPT, TORCH_MODELS
 from gem_mpi.errors import UsageError
 from gem_mpi.problem.loss import Loss
 from gem_mpi.problem.spec import DataSpec
@@ -44,6 +44,46 @@ class MnistCNN(nn.Module):
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         return F.log_softmax(self.fc3(x), dim=1)
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: causal self-attention, then a 4× MLP."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+                   for z in self.qkv(self.ln1(x)).split(c, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln2(x))
+
+
+class ByteGPT(nn.Module):
+    """A small decoder-only transformer over bytes: ``(B, T)`` byte indices in, the next
+    byte's log-probabilities ``(B, vocab, T)`` out (classes on dim 1, as nll_loss and the
+    evaluation take them, each position a sample of its own)."""
+
+    def __init__(self, vocab: int, context: int, layers: int, heads: int, width: int) -> None:
+        super().__init__()
+        if width % heads:
+            raise UsageError(f"--gpt-heads {heads} must divide --gpt-width {width}")
+        self.tokens, self.positions = nn.Embedding(vocab, width), nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(width), nn.Linear(width, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(idx) + self.positions(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return F.log_softmax(self.head(self.ln(x)), dim=-1).transpose(1, 2)
 
 
 class LogSoftmax(nn.Module):
@@ -82,10 +122,14 @@ def _torchvision_models() -> ModuleType:
     return models
 
 
-def build_model(name: str, spec: DataSpec) -> nn.Module:
-    """A freshly initialised model for inputs of `spec` that outputs log-probabilities."""
+def build_model(name: str, spec: DataSpec, gpt: tuple[int, int, int] = (2, 4, 128)
+                ) -> nn.Module:
+    """A freshly initialised model for inputs of `spec` that outputs log-probabilities;
+    ``gpt``: the language model's layers, heads and width."""
     if name not in TORCH_MODELS:
         raise UsageError(f"unknown model {name!r}; choose one of: {', '.join(TORCH_MODELS)}")
+    if name == GPT:
+        return ByteGPT(spec.num_classes, spec.context, *gpt)
     if name == "mnist-cnn":
         if spec.image_size != _MNIST_CNN_SIZE:
             raise UsageError(
@@ -112,8 +156,9 @@ def evaluate(
     device: torch.device,
     loss: Loss | None = None,
 ) -> tuple[float, float]:
-    """Mean loss (NLL unless ``loss`` says otherwise) and accuracy in [0, 1]; NaN for both
-    when `batches` is empty, and NaN accuracy where the targets are not class indices.
+    """Mean loss (NLL unless ``loss`` says otherwise) and accuracy in [0, 1], per sample
+    (text: per predicted byte); NaN for both when `batches` is empty, and NaN accuracy where
+    the targets are not class indices.
 
     Runs in eval mode without gradients and restores every submodule's train/eval mode
     afterwards, so it can be called in the middle of training.
@@ -130,12 +175,12 @@ def evaluate(
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 out = model(x)
                 loss_sum += total(out, y).double()
-                # accuracy where the targets are class indices and the output one row each
-                classes = classes and (y.dtype in _INDEX_DTYPES and y.dim() == 1
-                                       and out.dim() == 2)
+                # accuracy where the targets are class indices and the output has one more
+                # dim, the classes' (dim 1): a row per image, or (text) per position
+                classes = classes and (y.dtype in _INDEX_DTYPES and out.dim() == y.dim() + 1)
                 if classes:
                     correct += (out.argmax(dim=1) == y).sum()
-                n += y.shape[0]
+                n += y.numel() if classes else y.shape[0]
     finally:
         for module, training in modes:
             module.training = training

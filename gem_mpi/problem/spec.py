@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gem_mpi.config import DATASETS, TORCH_MODELS, is_plugin
+from gem_mpi.config import DATASETS, GPT, TEXT, TORCH_MODELS, is_plugin
 from gem_mpi.errors import UsageError
 
 SPLITS = ("train", "test")
@@ -19,13 +19,19 @@ MNIST_CLASSES = 10
 _ALEXNET_MIN_SIZE = 64
 
 
+BYTES = 256  # the text dataset's vocabulary: one token a byte
+
+
 @dataclass(frozen=True)
 class DataSpec:
-    """The input a model is built for; shared by data and model code so they cannot disagree."""
+    """The input a model is built for; shared by data and model code so they cannot disagree.
+    Text is ``context`` bytes a sample, ``num_classes`` the vocabulary (no channels, no
+    image)."""
 
     channels: int
     image_size: int
     num_classes: int
+    context: int = 0  # text: the bytes of a sample (0: images)
 
 
 def default_data_root() -> Path:
@@ -43,18 +49,24 @@ def check_split_name(split: str) -> None:
         raise UsageError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}")
 
 
-def dataset_spec(dataset: str, model: str) -> DataSpec:
+def dataset_spec(dataset: str, model: str, context: int = 64) -> DataSpec:
     """The input shape `model` sees on `dataset` (AlexNet gets MNIST-like images upsampled;
-    a model of the user's own gets each dataset's natural images)."""
+    a model of the user's own gets each dataset's natural images; the language model reads
+    ``context`` bytes of text a sample)."""
     check_dataset_name(dataset)
     if is_plugin(dataset):
         raise UsageError(f"--dataset {dataset!r} is a dataset of your own and --model "
                          f"{model} is built for the built-in datasets; give a model of your own "
                          "too (--model MODULE:FUNCTION)")
     if is_plugin(model):
-        model = "mnist-cnn" if dataset != "imagenet" else "resnet18"
+        model = {"imagenet": "resnet18", TEXT: GPT}.get(dataset, "mnist-cnn")
     if model not in TORCH_MODELS:
         raise UsageError(f"unknown model {model!r}; choose one of: {', '.join(TORCH_MODELS)}")
+    if (model == GPT) != (dataset == TEXT):
+        raise UsageError("--model gpt reads --dataset text, and text trains --model gpt (or a "
+                         f"model of your own): not --model {model} on --dataset {dataset}")
+    if dataset == TEXT:
+        return DataSpec(channels=0, image_size=0, num_classes=BYTES, context=context)
     if dataset in ("fashion-mnist", "mnist"):
         size = _ALEXNET_MIN_SIZE if model == "alexnet" else MNIST_SIZE
         return DataSpec(channels=1, image_size=size, num_classes=MNIST_CLASSES)

@@ -96,6 +96,25 @@ class SyntheticSplit(Split):
         return x, y
 
 
+class TextSplit(Split):
+    """Bytes of text (:mod:`gem_mpi.problem.text`): sample i is the context's bytes from
+    i·T, its targets the bytes one further (int64 [B, T] both)."""
+
+    def __init__(self, split: str, spec: DataSpec, data: np.ndarray) -> None:
+        self.dataset, self.split, self.spec = "text", split, spec
+        self.data, self.context = data, spec.context
+        self._window = np.arange(self.context + 1)
+
+    def __len__(self) -> int:
+        return max(0, (len(self.data) - 1) // self.context)
+
+    def make(self, indices: torch.Tensor, step: int, seed: int, shard_index: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.data[indices.numpy()[:, None] * self.context + self._window]
+        tokens = torch.from_numpy(rows.astype(np.int64))
+        return tokens[:, :-1], tokens[:, 1:]
+
+
 class ImageFolderSplit(Split):
     """ImageNet as an ImageFolder: each image decoded and transformed when its batch is made
     (in loader processes with --loader-workers, as every dataset)."""

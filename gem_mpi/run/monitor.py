@@ -136,8 +136,10 @@ class Evaluator:
 class ProgressLine:
     """One status line on rank 0: a live tqdm bar on a terminal, throttled lines otherwise."""
 
-    def __init__(self, log_every: float, unit: str = "upd", noun: str = "updates") -> None:
-        self.unit, self.noun = unit, noun
+    def __init__(self, log_every: float, unit: str = "upd", noun: str = "updates",
+                 tokens: int = 0) -> None:
+        """``tokens``: the tokens one unit trains on (text), shown as tokens/s; 0: none."""
+        self.unit, self.noun, self.tokens = unit, noun, tokens
         self.tty = sys.stderr.isatty()
         self.log_every = log_every
         self._last = time.monotonic()
@@ -160,7 +162,8 @@ class ProgressLine:
             self._bar.set_postfix_str(text, refresh=False)
             self._bar.refresh()
             return
-        print(f"gem_mpi: {clock} {self.noun}, {rate:.1f} {self.unit}/s, {text}",
+        tokens = f" ({rate * self.tokens:.0f} tok/s)" if self.tokens else ""
+        print(f"gem_mpi: {clock} {self.noun}, {rate:.1f} {self.unit}/s{tokens}, {text}",
               file=sys.stderr, flush=True)
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from gem_mpi.config import (
     COSINE,
     DATASETS,
     DILOCO,
+    GPT,
     HOLDOUT_DATASETS,
     LOSS_CONTINUE,
     MODELS,
@@ -31,6 +32,7 @@ from gem_mpi.config import (
     SECTIONS,
     SHIFT_OTHERS,
     STEP,
+    TEXT,
     WAIT,
     WIRE_F32,
     Config,
@@ -141,6 +143,7 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         raise UsageError(f"--method {method} trains torch models: --model quadratic is for "
                          "the asynchronous methods only")
     _check_fields(cfg)
+    _check_text(cfg.data)
     optimizers.check(cfg)  # the other optimizer's option would be ignored too: refused
     _check_step_options(cfg)
     if record.rule == RULE_GEM and cfg.optim.gem_proxy == PROXY_GLOBAL:
@@ -181,6 +184,24 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
             _check_data(cfg, world_size)
             if is_plugin(model):  # the user's code: build it and try one batch
                 check_user_code(cfg.data, loss, cfg.data.batch_size)
+
+
+def _check_text(data: DataConfig) -> None:
+    """The text dataset's and the language model's options with another dataset or model
+    would be ignored: one line; and the model's heads must divide its width."""
+    defaults = DataConfig()
+    for name, used, owner in (("context", data.dataset == TEXT, "--dataset text"),
+                              ("test_bytes", data.dataset == TEXT, "--dataset text"),
+                              ("gpt_layers", data.model == GPT, "--model gpt"),
+                              ("gpt_heads", data.model == GPT, "--model gpt"),
+                              ("gpt_width", data.model == GPT, "--model gpt")):
+        value = getattr(data, name)
+        if not used and value != getattr(defaults, name):
+            raise UsageError(f"--{name.replace('_', '-')} {value} is for {owner}: "
+                             f"--model {data.model} --dataset {data.dataset} does not use it")
+    if data.model == GPT and data.gpt_width % data.gpt_heads:
+        raise UsageError(f"--gpt-heads {data.gpt_heads} must divide --gpt-width "
+                         f"{data.gpt_width}")
 
 
 def _check_groups(cfg: Config, world_size: int) -> None:
@@ -297,7 +318,7 @@ def _check_data(cfg: Config, world_size: int) -> None:
     d = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * g)
     batch = f"--batch-size {cfg.data.batch_size}" + (f" × --group-size {g}" if g > 1 else "")
     if not is_plugin(d.dataset):
-        dataset_spec(d.dataset, d.model)  # combinations that cannot work
+        dataset_spec(d.dataset, d.model, d.context)  # combinations that cannot work
     shards = n_workers(cfg, world_size) if d.shard else 1
     need = d.batch_size * shards
     if d.dataset == "synthetic":
@@ -311,7 +332,8 @@ def _check_data(cfg: Config, world_size: int) -> None:
                 "rank 0's node"
             )
     else:
-        n, what = check_dataset(d.dataset, d.data_dir, at_least=need), d.dataset
+        n, what = check_dataset(d.dataset, d.data_dir, at_least=need,
+                                context=d.context), d.dataset
     if d.holdout:  # the dataset is one of HOLDOUT_DATASETS (checked above)
         if d.holdout >= n:
             raise UsageError(f"--holdout {d.holdout} leaves none of the {n} training samples "
@@ -346,7 +368,8 @@ def check_user_code(data: DataConfig, loss: Loss, batch_size: int) -> None:
         model = build_builtin(data.model, dataset_spec(data.dataset, data.model))
     for split_name in SPLITS:
         split = load_split(data.dataset, data.data_dir, split_name, data.model,
-                           synthetic_size=min(data.synthetic_size, 4))
+                           synthetic_size=min(data.synthetic_size, 4), context=data.context,
+                           test_bytes=data.test_bytes)
         n = min(len(split), batch_size, 4)
         try:
             x, y = next(iterate_batches(split, n, 1, 0, shuffle=False))

@@ -15,6 +15,7 @@ Each ends as one :class:`Outcome`, mapped to the process's exit code by :data:`E
 from __future__ import annotations
 
 import enum
+import math
 import os
 import signal
 import time
@@ -26,7 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gem_mpi import protocol
-from gem_mpi.config import Config, synchronous, worker_ranks
+from gem_mpi.config import TEXT, Config, synchronous, worker_ranks
 from gem_mpi.errors import OutputError
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.metrics import MetricsWriter
@@ -268,8 +269,13 @@ class RunSupervisor:
                 wire_bytes=None if synchronous(cfg.method) else protocol.update_payload(
                     cfg.optim, problem.n_params).wire_bytes,
             )
+        # text: the bytes (tokens) an update or a step trains on, which the lines report
+        d = cfg.data
+        self.tokens_per = d.batch_size * d.context * (
+            n_workers if synchronous(cfg.method) else cfg.runtime.group_size
+        ) if d.dataset == TEXT else 0
         self.progress = ProgressLine(self.monitor.log_every, unit="upd" if noun == "update"
-                                     else "step", noun=f"{noun}s")
+                                     else "step", noun=f"{noun}s", tokens=self.tokens_per)
         self.losses = losses if losses is not None else LossWatch(self.monitor.divergence_factor)
         self.watchdog = Watchdog(n_workers, self.monitor.worker_timeout if watch_workers
                                  else 0.0)
@@ -442,6 +448,8 @@ class RunSupervisor:
             return outcome
         wall = self.elapsed()
         base = {"updates": self.position, "wall_s": wall}
+        if self.tokens_per:
+            base["tokens"] = self.position * self.tokens_per
         engine = self.engine
         if outcome is Outcome.FINISHED:
             test_loss, test_acc = self.evaluator.final(engine.theta(), self.position, wall)
@@ -453,7 +461,7 @@ class RunSupervisor:
             self.summary = fields
             if self.metrics is not None:
                 self.metrics.close(fields)
-            say(engine.done_line(fields))
+            say(engine.done_line(fields) + self._text_note(fields))
             return outcome
         self.evaluator.close()
         self.evaluator.drain()
@@ -464,6 +472,13 @@ class RunSupervisor:
         if self.metrics is not None:
             self.metrics.close(fields)
         return Outcome.DIVERGED if self.diverged else Outcome.STOPPED
+
+    def _text_note(self, fields: dict) -> str:
+        """Text: the loss in bits per byte (the language-model unit) and the tokens/s."""
+        if not self.tokens_per:
+            return ""
+        return (f", {fields['test_loss'] / math.log(2):.3f} bits/byte, "
+                f"{fields['tokens'] / max(fields['wall_s'], 1e-9):.0f} tok/s")
 
     def output_failed(self, reason: str) -> None:
         """An output file could not be written (or space ran low): leave a checkpoint where
