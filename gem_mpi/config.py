@@ -131,6 +131,12 @@ class OptimConfig:
                          "worker's update is its own AdamW step d at the θ it pulled, "
                          "--betas, --adam-eps, --weight-decay; GEM's budget is κ|d|)",
                          check=(lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}"))
+    local_steps: int = opt(1, "H: each update is H steps of the worker's own optimizer (momentum "
+                           "SGD with --momentum, or AdamW) on its own copy from the θ it pulled, "
+                           "committing Δ = θ_H − θ₀, GEM's budget κ|Δ| (asynchronous local "
+                           "SGD); a worker's batch is then H × --batch-size samples, split in "
+                           "H, and --epochs and --max-steps count its updates; asynchronous "
+                           "methods only", check=POSITIVE, metavar="H")
     # the workers and the kernel compute in float32: each value is checked as float32 sees it
     lr: float = opt(0.05, "learning rate η (> 0)", check=POSITIVE_F32)
     momentum: float = opt(0.9, "proxy momentum μ in [0, 1)", check=FRACTION_F32)

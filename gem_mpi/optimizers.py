@@ -3,7 +3,7 @@ nothing is silently ignored) and the methods it is built for.
 
 The optimizer is GEM's proxy (../shared/GEM_SPEC.md §10): under momentum SGD a worker's update
 is Δθ = −η·g and GEM's budget κ|m| with m ← μm + Δθ; under AdamW the update is the worker's
-own AdamW step d at the θ it pulled (:mod:`gem_mpi.algorithm.adamw`) and the budget κ|d|, the
+own AdamW step d at the θ it pulled (:mod:`gem_mpi.algorithm.optim`) and the budget κ|d|, the
 master's rule unchanged.
 """
 

@@ -31,8 +31,8 @@ ADAMW = ("--optimizer", "adamw", "--betas", BETAS, "--weight-decay", str(DECAY))
 OPTIONS = AdamWConfig(betas=BETAS, weight_decay=DECAY)
 
 
-def _args(tmp_path, method: str, steps: int, *extra: str) -> list[str]:
-    return quadratic_args(*ADAMW, *extra, method=method, dim=DIM, steps=steps, lr=LR,
+def _args(tmp_path, method: str, steps: int, *extra: str, adamw: bool = True) -> list[str]:
+    return quadratic_args(*(ADAMW if adamw else ()), *extra, method=method, dim=DIM, steps=steps, lr=LR,
                           pi_max=PI_MAX, metrics=tmp_path / "run.h5",
                           save=tmp_path / "theta.npy", eval_every=0)
 
@@ -59,25 +59,31 @@ def test_each_asynchronous_method_under_adamw_is_the_replay(tmp_path, method, mo
     assert not np.allclose(theta, sgd.theta)  # AdamW's steps, not −η·g
 
 
-@pytest.mark.parametrize("mode", ["pipelined", "overlap"])
-def test_a_stopped_adamw_run_resumes_each_workers_moments(tmp_path, mode):
-    """A stop saves each worker's m, v and t, and the states before its last steps (a
-    pipelined or overlapped worker may have computed steps the master never applied); the
-    resume takes the one the master's checkpoint holds, so the whole run is the replay in
-    which every worker's moments run on across the resume."""
-    steps = 4000
-    args = _args(tmp_path, "gem", steps, "--worker-mode", mode,
-                 "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "0.1")
+@pytest.mark.parametrize("mode, optimizer, h", [("pipelined", "adamw", 1),
+                                                ("overlap", "adamw", 1),
+                                                ("pipelined", "sgd", 4)])
+def test_a_stopped_run_resumes_each_workers_own_optimizer(tmp_path, mode, optimizer, h):
+    """A stop saves each worker's AdamW m, v and t (local steps' momentum buffer), and the
+    states before its last updates (a pipelined or overlapped worker may have computed
+    updates the master never applied); the resume takes the one the master's checkpoint
+    holds, so the whole run is the replay in which every worker's state runs on across the
+    resume."""
+    steps = 4000 // h
+    args = _args(tmp_path, "gem", steps, "--worker-mode", mode, "--local-steps", str(h),
+                 "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "0.1",
+                 adamw=optimizer == "adamw")
     proc = train_background(WORKERS + 1, *args)
     err = signal_when(proc, checkpoint_after_start(tmp_path))
     assert proc.returncode == 3, err
     assert len(list(tmp_path.glob("momentum_w*.h5"))) == WORKERS
     res = train(WORKERS + 1, *args, "--resume", "auto", timeout=300)
     assert res.returncode == 0, res.stderr
-    assert f"worker AdamW state restored for {WORKERS} of {WORKERS} workers" in res.stderr, res.stderr
+    what = "AdamW state" if optimizer == "adamw" else "local steps' momentum"
+    assert f"worker {what} restored for {WORKERS} of {WORKERS} workers" in res.stderr, res.stderr
     u = load_run(tmp_path / "run.h5").updates
     assert u["clock"].tolist() == list(range(WORKERS * steps))
-    ref = replay(u, Quadratic(DIM, 0), "gem", LR, pi_max=PI_MAX, adamw=OPTIONS)
+    ref = replay(u, Quadratic(DIM, 0), "gem", LR, pi_max=PI_MAX, local_steps=h,
+                 adamw=OPTIONS if optimizer == "adamw" else None)
     assert np.array_equal(np.load(tmp_path / "theta.npy"), ref.theta)
 
 
@@ -99,3 +105,22 @@ def test_one_gem_worker_with_kappa_1_is_sequential_adamw(tmp_path):
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=0.01 * 0.002, msg=name)
     assert any(not torch.equal(got[k], theta0_state()[k]) for k in got)  # it trained
+
+
+@pytest.mark.parametrize("method, optimizer, mode", [("gem", "sgd", "pipelined"),
+                                                     ("gem", "adamw", "wait"),
+                                                     ("downpour", "adamw", "overlap")])
+def test_local_steps_are_the_replay(tmp_path, method, optimizer, mode):
+    """--local-steps 4: each update is 4 steps of the worker's own optimizer (momentum SGD or
+    AdamW) from the θ it pulled, Δ = θ₄ − θ₀, GEM's budget κ|Δ|; replayed bit for bit, the
+    logged loss the mean of the 4 steps'."""
+    steps, h = 30, 4
+    res = train(WORKERS + 1, *_args(tmp_path, method, steps, "--local-steps", str(h),
+                                    "--worker-mode", mode, adamw=optimizer == "adamw"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    u = load_run(tmp_path / "run.h5").updates
+    assert_exactly_once(u["worker"], u["seq"], range(1, WORKERS + 1), steps)
+    ref = replay(u, Quadratic(DIM, 0), method, LR, pi_max=PI_MAX, window=len(u["worker"]) + 1,
+                 adamw=OPTIONS if optimizer == "adamw" else None, local_steps=h)
+    assert np.array_equal(np.load(tmp_path / "theta.npy"), ref.theta)
+    np.testing.assert_allclose(u["loss"], ref.losses, rtol=1e-5)

@@ -20,10 +20,12 @@ conversion, itself held to torch's bf16 rounding by the tests): q = bf16(Δθ) t
 a = bf16(κ|m|) toward zero, m folding the float32 Δθ; π from q and a, θ ← θ + π·q (the
 baselines θ ← θ + scale·q; the global proxy folds q into its m and makes a in float32).
 
-With ``adamw`` (--optimizer adamw, :mod:`gem_mpi.algorithm.adamw`) each worker keeps its own
+With ``adamw`` (--optimizer adamw, :mod:`gem_mpi.algorithm.optim`) each worker keeps its own
 AdamW moments (m, v, t) across the log and its update is its AdamW step d at the θ it pulled:
 m ← m + (1 − β₁)(g − m), v ← β₂v + (1 − β₂)g², d = −(η/(1 − β₁ᵗ))·m/(√v/√(1 − β₂ᵗ) + ε)
 − ηλ·s; GEM's budget is a = κ|d| (no proxy momentum), the baselines apply d as they apply Δθ.
+With ``local_steps`` H > 1 an update is H such steps (AdamW's, or momentum SGD's b ← μb + g,
+d = −ηb) from the pulled θ on the worker's own copy, Δ = θ_H − s, and GEM's a = κ|Δ|.
 
 Gap-Aware keeps one v across the whole log, every applied update's unscaled Δθ (q on the bf16
 wire) folded into it in clock order, and takes the gap against θ just before the update:
@@ -38,7 +40,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gem_mpi.algorithm.adamw import corrections
 from gem_mpi.algorithm.kernel import (
     BF16_NEAREST_EVEN,
     BF16_TOWARD_ZERO,
@@ -46,6 +47,7 @@ from gem_mpi.algorithm.kernel import (
     to_bf16_numpy,
     widen,
 )
+from gem_mpi.algorithm.optim import corrections
 from gem_mpi.algorithm.rule import global_decay
 from gem_mpi.algorithm.stepsize import Schedule, clip
 from gem_mpi.config import (
@@ -86,7 +88,7 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
            n_workers: int | None = None, schedule: Schedule | None = None,
            clip_norm: float = 0.0, wire: str = WIRE_F32, ga_decay: float = 0.999,
            ga_eps: float = 1e-8, new_at_seq0: bool = False,
-           adamw: AdamWConfig | None = None) -> Replay:
+           adamw: AdamWConfig | None = None, local_steps: int = 1) -> Replay:
     """Replay the applied updates of ``log`` (columns worker, version_pulled, staleness, in
     clock order; and seq with a ``schedule``) on ``q``. Only the last ``window`` versions of
     θ are kept for the pulls. ``n_workers``: the run's (the global proxy's decay depends on
@@ -95,7 +97,9 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
     run's --wire; ``ga_decay``, ``ga_eps``: Gap-Aware's γ and ε. ``new_at_seq0``: a worker
     whose update has seq 0 is a new one (a resume on more workers): its m and s start
     afresh (the log's seq column is read). ``adamw``: the run's AdamW options, when its
-    workers' optimizer is AdamW (None: momentum SGD)."""
+    workers' optimizer is AdamW (None: momentum SGD); ``local_steps``: --local-steps H (an
+    update is H steps of the worker's own optimizer, momentum SGD with ``momentum`` or AdamW,
+    the loss their mean)."""
     bf16 = wire == WIRE_BF16
     theta = q.theta0()
     if n_workers is None:
@@ -108,6 +112,22 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
     targets: dict[int, np.ndarray] = {}
     m: dict[int, np.ndarray] = {}
     adam: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}  # w's AdamW (m, v, t)
+    buf: dict[int, np.ndarray] = {}  # w's momentum buffer of its local steps (SGD)
+
+    def adamw_step(w: int, g: np.ndarray, at: np.ndarray, eta: np.float32) -> np.ndarray:
+        """Worker w's AdamW step d of ``g`` at ``at`` (its moments, t + 1)."""
+        assert adamw is not None, "an AdamW run"
+        am, av, t = adam[w]
+        b1, b2 = f32(adamw.beta1), f32(adamw.beta2)
+        inv_bc1, sqrt_bc2 = corrections(float(b1), float(b2), t + 1)
+        am = am + (f32(1) - b1) * (g - am)
+        av = b2 * av + (f32(1) - b2) * (g * g)
+        adam[w] = (am, av, t + 1)
+        denom = np.sqrt(av) / f32(sqrt_bc2) + f32(adamw.adam_eps)
+        d = (am / denom) * f32(-float(eta) * inv_bc1)
+        if adamw.weight_decay:
+            d = d - f32(float(eta) * adamw.weight_decay) * at
+        return d
     before_own: dict[int, np.ndarray] = {}  # paper: θ just before w's previous update
     out = Replay(theta)
     with_seq = schedule is not None or new_at_seq0
@@ -118,28 +138,32 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
         if w not in targets or (new_at_seq0 and seq == 0):
             targets[w], m[w] = q.target(w), np.zeros(q.dim, f32)
             adam[w] = (np.zeros(q.dim, f32), np.zeros(q.dim, f32), 0)
+            buf[w] = np.zeros(q.dim, f32)
             before_own.pop(w, None)
         s = versions[pulled]  # the θ this worker pulled: exact version label
-        diff = s - targets[w]
-        out.losses.append(0.5 * float(np.dot(q.h * diff, diff)))
-        eta = f32(lr) if schedule is None else schedule.eta(seq)
-        g = clip(q.h * diff, clip_norm)
-        if adamw is None:
-            delta = f32(-eta) * g
-        else:
-            am, av, t = adam[w]
-            b1, b2 = f32(adamw.beta1), f32(adamw.beta2)
-            inv_bc1, sqrt_bc2 = corrections(float(b1), float(b2), t + 1)
-            am = am + (f32(1) - b1) * (g - am)
-            av = b2 * av + (f32(1) - b2) * (g * g)
-            adam[w] = (am, av, t + 1)
-            denom = np.sqrt(av) / f32(sqrt_bc2) + f32(adamw.adam_eps)
-            delta = (am / denom) * f32(-float(eta) * inv_bc1)
-            if adamw.weight_decay:
-                delta = delta - f32(float(eta) * adamw.weight_decay) * s
+        if local_steps == 1:
+            diff = s - targets[w]
+            out.losses.append(0.5 * float(np.dot(q.h * diff, diff)))
+            eta = f32(lr) if schedule is None else schedule.eta(seq)
+            g = clip(q.h * diff, clip_norm)
+            delta = f32(-eta) * g if adamw is None else adamw_step(w, g, s, eta)
+        else:  # H steps of its own optimizer from s on its own copy: Δ = θ_H − s
+            local, losses = s, 0.0
+            for i in range(local_steps):
+                diff = local - targets[w]
+                losses += 0.5 * float(np.dot(q.h * diff, diff))
+                g = clip(q.h * diff, clip_norm)
+                eta = f32(lr) if schedule is None else schedule.eta(seq * local_steps + i)
+                if adamw is None:
+                    buf[w] = buf[w] * f32(momentum) + g
+                    local = local + buf[w] * f32(-float(eta))
+                else:
+                    local = local + adamw_step(w, g, local, eta)
+            out.losses.append(losses / local_steps)
+            delta = local - s
         sent = _bf16(delta, BF16_NEAREST_EVEN) if bf16 else delta  # what the master reads
         if method == GEM:
-            if adamw is not None:
+            if adamw is not None or local_steps > 1:  # the proxy's update is Δ: a = κ|Δ|
                 a = f32(kappa) * np.abs(delta)
                 if bf16:
                     a = _bf16(a, BF16_TOWARD_ZERO)

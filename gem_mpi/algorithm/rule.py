@@ -167,10 +167,11 @@ class WorkerRule:
         gem_mpi.algorithm._core, to fold m in one pass when it lives in host memory, and to
         round to bf16 (--wire bf16) in one pass; None: numpy does both."""
         gem = methods.of(optim.method).rule == RULE_GEM
-        adamw = optim.optimizer == OPT_ADAMW  # the proxy's step is d itself: a = κ|d|
-        local = gem and optim.gem_proxy != PROXY_GLOBAL and not adamw
+        # AdamW, or --local-steps: the proxy's update is Δ itself, its budget a = κ|Δ|
+        own = optim.optimizer == OPT_ADAMW or optim.local_steps > 1
+        local = gem and optim.gem_proxy != PROXY_GLOBAL and not own
         self.momentum = Momentum.zeros_like(like, optim, extension) if local else None
-        self.kappa = np.float32(optim.kappa) if gem and adamw else None
+        self.kappa = np.float32(optim.kappa) if gem and own else None
         self._a: np.ndarray | None = None  # κ|d|'s buffer, reused like the fused fold's
         payload = update_payload(optim, 0)
         self.with_s = SHIFT_BASE in payload.parts  # GEM and Gap-Aware: the master needs s
@@ -204,7 +205,7 @@ class WorkerRule:
         if self.momentum is not None:  # m folds the float32 Δθ, whatever the wire
             a = to_host(self.momentum.fold(delta if delta_on_device is None
                                            else delta_on_device))
-        elif self.kappa is not None:  # AdamW's proxy: the budget of its own step, κ|d|
+        elif self.kappa is not None:  # its own optimizer's proxy: the budget of its step, κ|Δ|
             if self._a is None:
                 self._a = np.empty_like(delta)
             a = np.abs(delta, out=self._a)

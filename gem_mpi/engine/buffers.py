@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gem_mpi.algorithm.adamw import AdamW
+from gem_mpi.algorithm.optim import States
 from gem_mpi.algorithm.stepsize import Schedule
-from gem_mpi.config import AdamWConfig
 from gem_mpi.run.local_step import LocalStep
 
 if TYPE_CHECKING:  # torch is imported when a step is made, never on import
@@ -31,15 +30,13 @@ class DeltaTurns:
     delta: torch.Tensor | None  # the step's Δθ (None once released)
 
     def __init__(self, local: LocalStep, n: int, lr: float, schedule: Schedule,
-                 overlapped: bool, on_gpu: bool, adamw: AdamWConfig | None = None,
-                 depth: int = 2) -> None:
-        """``lr``: η; ``schedule``: η per step, unless constant; ``adamw``: the worker's
-        AdamW (--optimizer adamw; None: Δθ = −η·g). AdamW's step is made on the compute
-        thread, in step order, so it is never deferred; ``depth``: the AdamW states it keeps
-        (:data:`gem_mpi.algorithm.adamw.DEPTH`)."""
+                 overlapped: bool, on_gpu: bool, own: States | None = None) -> None:
+        """``lr``: η; ``schedule``: η per step, unless constant; ``own``: the worker's own
+        optimizer (:func:`gem_mpi.algorithm.optim.own_optimizer`; None: Δθ = −η·g), whose
+        step is made on the compute thread, in step order, so it is never deferred."""
         torch = self.torch = local.torch
         self.local, self.lr, self.schedule = local, lr, schedule
-        self.deferred = overlapped and not on_gpu and adamw is None
+        self.deferred = overlapped and not on_gpu and own is None
         self.grads = [torch.zeros(n, dtype=torch.float32, device=local.device)
                       for _ in range(2 if self.deferred else 1)]
         self.lrs = [lr] * len(self.grads)  # each turn's η, for settle
@@ -48,7 +45,7 @@ class DeltaTurns:
         self.deltas = [torch.empty(n, dtype=torch.float32, device=local.device)
                        for _ in range(2 if overlapped else 1)]
         self.delta = self.deltas[0]
-        self.adamw = None if adamw is None else AdamW(self.grad, adamw, depth)
+        self.own = own
 
     def begin(self, seq: int) -> int:
         """Step ``seq``'s turn, its g ready for the backward: zeroed now, or (deferred) the
@@ -70,11 +67,17 @@ class DeltaTurns:
         if self.deferred:
             self.lrs[turn] = lr
             return None
-        if self.adamw is not None:
+        if self.own is not None:
             assert self.grad is not None, "a step after release()"
-            return self.adamw.step(self.grad, theta, lr, out=self.delta)
+            return self.own.step(self.grad, theta, lr, out=self.delta)
         self.torch.mul(self.grad, -lr, out=self.delta)  # Δθ, on the device
         return self.delta
+
+    def difference(self, turn: int, local: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """Δ = θ_H − θ₀ of --local-steps (``local`` after the steps, ``theta`` as pulled)
+        into the turn's buffer."""
+        self.delta = self.deltas[turn]
+        return self.torch.sub(local, theta, out=self.delta)
 
     def settle(self, seq: int, delta: np.ndarray | None) -> np.ndarray:
         """Step ``seq``'s Δθ on the host: as computed, or (deferred) −ηg made now, its g

@@ -586,7 +586,8 @@ def _momentum_note(cfg: Config, ckpt: checkpoint.Checkpoint) -> str:
     if state is not None:
         return f", {state} restored from the checkpoint"
     adamw = cfg.optim.optimizer == OPT_ADAMW
-    if method.rule != RULE_GEM and not adamw:
+    own = adamw or cfg.optim.local_steps > 1  # the worker's own optimizer keeps a state
+    if method.rule != RULE_GEM and not own:
         return ""
     directory, seqs = cfg.outputs.checkpoint_dir, ckpt.next_seq
     assert seqs is not None, "an asynchronous run's checkpoint"
@@ -594,5 +595,5 @@ def _momentum_note(cfg: Config, ckpt: checkpoint.Checkpoint) -> str:
         checkpoint.load_worker_state(directory, w + 1, int(seqs[w]), ckpt.run_id)
         is not None for w in range(len(seqs)) if seqs[w] > 0
     ) if directory else 0
-    what = "AdamW state" if adamw else "momentum"
+    what = "AdamW state" if adamw else "local steps' momentum" if own else "momentum"
     return f", worker {what} restored for {found} of {len(seqs)} workers (the rest start at 0)"

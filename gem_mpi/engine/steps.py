@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
-from gem_mpi.algorithm.adamw import DEPTH, AdamW
+from gem_mpi.algorithm.optim import States, own_optimizer
 from gem_mpi.algorithm.stepsize import Schedule, clip
-from gem_mpi.config import OPT_ADAMW, AdamWConfig, Config, DataConfig, OptimConfig
+from gem_mpi.config import AdamWConfig, Config, DataConfig, OptimConfig
 from gem_mpi.engine.batches import WorkerBatches
 from gem_mpi.engine.buffers import DeltaTurns, HostCopies
 from gem_mpi.engine.group import Group
@@ -37,7 +37,7 @@ class Steps(Protocol[M]):
     gpu_s: float
     pull_buffers: list[np.ndarray]  # where its pulls land (the overlap's three θ), if its own
     group: Group | None
-    adamw: AdamW | None  # --optimizer adamw: the worker's AdamW, whose step is Δθ
+    own: States | None  # the worker's own optimizer (AdamW, --local-steps'), whose step is Δθ
 
     @property
     def device(self) -> object:
@@ -95,7 +95,8 @@ class QuadraticSteps:
         self.target = self.q.target(rank)
         self.steps = length(plan) if plan is not None else (
             data.max_steps or data.epochs * max(1, data.synthetic_size // data.batch_size))
-        self.schedule = Schedule.of(optim, self.steps)
+        self.h = optim.local_steps  # each update H steps of its own optimizer
+        self.schedule = Schedule.of(optim, self.steps * self.h)
         self.clip_norm = optim.clip_grad_norm
         self.plain = self.schedule.constant and self.clip_norm == 0  # Quadratic.step as is
         self.device = "cpu (numpy)"
@@ -105,23 +106,33 @@ class QuadraticSteps:
         self.pull_buffers: list[np.ndarray] = []
         self.group: Group | None = None
         self.delta_on_device = None  # m lives on the host, beside Δθ
-        self.adamw = (AdamW(np.zeros(self.n, np.float32), adamw or AdamWConfig(),
-                            DEPTH[optim.worker_mode])
-                      if optim.optimizer == OPT_ADAMW else None)
+        self.own = own_optimizer(optim, adamw or AdamWConfig(), np.zeros(self.n, np.float32))
 
     def momentum_like(self) -> np.ndarray:
         return np.zeros(self.n, np.float32)
 
     def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
-        if self.plain and self.adamw is None:
+        if self.plain and self.own is None:
             return self.q.step(theta, self.target, self.lr)
-        diff = theta - self.target
-        loss = 0.5 * float(np.dot(self.q.h * diff, diff))
-        g = clip(self.q.h * diff, self.clip_norm)
-        if self.adamw is not None:  # a new array each step, as q.step's
-            return self.adamw.step(g, theta, float(self.schedule.eta(seq)),
-                                   np.empty_like(g)), loss
-        return -self.schedule.eta(seq) * g, loss
+        if self.own is None:
+            diff = theta - self.target
+            loss = 0.5 * float(np.dot(self.q.h * diff, diff))
+            return -self.schedule.eta(seq) * clip(self.q.h * diff, self.clip_norm), loss
+        if self.h == 1:  # its own optimizer's step d is Δθ (a new array each step, as q.step's)
+            diff = theta - self.target
+            loss = 0.5 * float(np.dot(self.q.h * diff, diff))
+            return self.own.step(clip(self.q.h * diff, self.clip_norm), theta,
+                                 float(self.schedule.eta(seq)), np.empty_like(theta)), loss
+        # --local-steps H: H steps from θ₀ = theta on its own copy, Δ = θ_H − θ₀, the loss the
+        # mean of the steps'
+        local, losses, d = theta.copy(), 0.0, np.empty_like(theta)
+        for i in range(self.h):
+            diff = local - self.target
+            losses += 0.5 * float(np.dot(self.q.h * diff, diff))
+            g = clip(self.q.h * diff, self.clip_norm)
+            local += self.own.step(g, local, float(self.schedule.eta(seq * self.h + i)), d,
+                                   fresh=i == 0)
+        return local - theta, losses / self.h
 
     def host(self, a: np.ndarray) -> np.ndarray:
         return a
@@ -171,11 +182,16 @@ class TorchSteps:
         self.on_gpu = self.device.type == "cuda"
         self.group = group
         self.batches = WorkerBatches(cfg, rank, n_workers, start_seq, plan, self.device)
-        self.turns = DeltaTurns(self.local, n, cfg.optim.lr, Schedule.of(cfg.optim, self.steps),
-                                overlapped, self.on_gpu,
-                                cfg.adamw if cfg.optim.optimizer == OPT_ADAMW else None,
-                                DEPTH[cfg.optim.worker_mode])
-        self.adamw = self.turns.adamw
+        like = torch.zeros(n, dtype=torch.float32, device=self.device)
+        self.own = own_optimizer(cfg.optim, cfg.adamw, like)
+        # --local-steps H: the steps run on a copy of θ the parameters view, at η of the
+        # worker's own steps, H an update
+        self.h, self.batch_size = cfg.optim.local_steps, cfg.data.batch_size
+        self.schedule = Schedule.of(cfg.optim, self.steps * self.h)
+        self.turns = DeltaTurns(self.local, n, cfg.optim.lr, self.schedule, overlapped,
+                                self.on_gpu, self.own)
+        self.theta_local = like if self.h > 1 else None
+        self._d = torch.empty_like(like) if self.h > 1 else None  # a local step's d
         self._bound: int | None = None  # the host θ the CPU parameters view
         self.copies: HostCopies | None = None
         if self.on_gpu:
@@ -183,6 +199,8 @@ class TorchSteps:
             assert self.copies.flat is not None, "just made"
             self.local.bind(self.copies.flat)
             self.gpu_s = 0.0
+        if self.theta_local is not None:
+            self.local.bind(self.theta_local)
         self.pull_buffers = [] if self.copies is None else self.copies.pull_buffers
 
     @property
@@ -203,17 +221,17 @@ class TorchSteps:
         return self.turns.delta
 
     def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray | None, float]:
-        torch, copies, turns = self.torch, self.copies, self.turns
+        copies, turns, from_numpy = self.copies, self.turns, self.torch.from_numpy
         t = time.perf_counter()
         start = None
         if copies is not None:
             start = copies.load(theta)
-        elif self._bound != theta.ctypes.data:  # the worker's pull buffer, the same each step
-            self.local.bind(torch.from_numpy(theta))
+        elif self.h == 1 and self._bound != theta.ctypes.data:  # its pull buffer, each step
+            self.local.bind(from_numpy(theta))
             self._bound = theta.ctypes.data
         self.load_s += time.perf_counter() - t
         x, y = self.batches.batch(seq)
-        flat = copies.flat if copies is not None else torch.from_numpy(theta)  # θ, on device
+        flat = copies.flat if copies is not None else from_numpy(theta)  # θ, on its device
         assert flat is not None, "a step after release()"
         if self.group is not None:  # the members compute at this θ, each on its own part
             self.group.theta(flat, seq)
@@ -221,13 +239,18 @@ class TorchSteps:
         turn = turns.begin(seq)
         grad = turns.grad
         assert grad is not None, "a step after release()"
-        loss = self.local.forward_backward(x, y)  # into turns.grad (float32 parameters)
-        if seq == self._first_seq:
-            self.local.check_grads(grad)
-        if self.group is not None:  # the group's gradient: the mean over its G parts
-            self.group.average(grad)
-        self.local.clip()  # before Δθ, and so before GEM's momentum fold
-        delta = turns.make(turn, seq, flat)
+        delta: torch.Tensor | None
+        if self.theta_local is not None:  # --local-steps H > 1
+            loss = self._local_steps(x, y, flat, seq)
+            delta = turns.difference(turn, self.theta_local, flat)
+        else:
+            loss = self.local.forward_backward(x, y)  # into turns.grad (float32 parameters)
+            if seq == self._first_seq:
+                self.local.check_grads(grad)
+            if self.group is not None:  # the group's gradient: the mean over its G parts
+                self.group.average(grad)
+            self.local.clip()  # before Δθ, and so before GEM's momentum fold
+            delta = turns.make(turn, seq, flat)
         if delta is None:
             return None, float(loss.detach())  # Δθ: settle(), on the other thread
         if copies is None:
@@ -238,6 +261,27 @@ class TorchSteps:
         assert start is not None, "loaded by copies"
         self.gpu_s += start.elapsed_time(done) / 1e3
         return copies.delta_hosts[turn].numpy(), float(copies.loss_host[0])
+
+    def _local_steps(self, x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
+                     seq: int) -> torch.Tensor:
+        """--local-steps H: H steps of its own optimizer from θ₀ = ``theta`` on the copy the
+        parameters view, one part of the update's batch each; the steps' mean loss."""
+        local, own, grad, d = self.theta_local, self.own, self.turns.grad, self._d
+        assert local is not None and own is not None and grad is not None and d is not None, \
+            "made for --local-steps"
+        local.copy_(theta)
+        parts = list(zip(x.split(self.batch_size), y.split(self.batch_size)))
+        total = self.torch.zeros((), device=self.device)
+        for i, (xi, yi) in enumerate(parts):
+            if i:
+                grad.zero_()
+            total += self.local.forward_backward(xi, yi).detach()
+            if seq == self._first_seq and i == 0:
+                self.local.check_grads(grad)
+            self.local.clip()
+            eta = float(self.schedule.eta(seq * self.h + i))
+            local.add_(own.step(grad, local, eta, d, fresh=i == 0))
+        return total / len(parts)
 
     def settle(self, seq: int, delta: np.ndarray | None) -> np.ndarray:
         return self.turns.settle(seq, delta)

@@ -21,8 +21,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from gem_mpi.algorithm.adamw import AdamW
 from gem_mpi.algorithm.kernel import load_extension
+from gem_mpi.algorithm.optim import States
 from gem_mpi.algorithm.rule import Momentum, WorkerRule
 from gem_mpi.config import LOSS_CONTINUE, OVERLAP, Config
 from gem_mpi.engine.group import Group
@@ -87,10 +87,10 @@ def _sign_off_done(w: WorkerStep, version: Versions) -> tuple[int, list | None]:
     return code, runs
 
 
-def own_state(steps_fn: Steps[Any], rule: WorkerRule) -> AdamW | Momentum | None:
-    """The optimizer state a worker keeps across its updates: its AdamW's, or GEM's m
-    (momentum SGD's other methods keep none)."""
-    return steps_fn.adamw if steps_fn.adamw is not None else rule.momentum
+def own_state(steps_fn: Steps[Any], rule: WorkerRule) -> States | Momentum | None:
+    """The optimizer state a worker keeps across its updates: its own optimizer's (AdamW,
+    --local-steps'), or GEM's m (momentum SGD's other methods keep none)."""
+    return steps_fn.own if steps_fn.own is not None else rule.momentum
 
 
 def _save_momentum(w: WorkerStep, run_id: str) -> None:

@@ -319,10 +319,10 @@ def diverged(run: Run) -> bool:
 
 def samples_per_update(run: Run) -> int:
     """Training samples behind one /updates row: b, n × b for a synchronous step, G × b for
-    a group's update (--group-size G)."""
+    a group's update (--group-size G), H × b for an update of H local steps."""
     b = int(run.config.get("batch_size", 0))
     return b * run.n_workers if synchronous(run.method) else b * int(
-        run.config.get("group_size", 1))
+        run.config.get("group_size", 1)) * int(run.config.get("local_steps", 1))
 
 
 def by_worker_step(run: Run, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

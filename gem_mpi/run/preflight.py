@@ -31,6 +31,7 @@ from gem_mpi.config import (
     QUADRATIC,
     SECTIONS,
     SHIFT_OTHERS,
+    SHIFT_PAPER,
     STEP,
     TEXT,
     WAIT,
@@ -51,6 +52,7 @@ from gem_mpi.outputs import checkpoint
 from gem_mpi.problem.loss import Loss, make_loss
 from gem_mpi.problem.user import SPLITS, why
 from gem_mpi.problem.user import build_model as build_users_model
+from gem_mpi.run.rank import worker_data
 
 
 def _writable_target(path: str, what: str) -> None:
@@ -144,6 +146,7 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
                          "the asynchronous methods only")
     _check_fields(cfg)
     _check_text(cfg.data)
+    _check_local_steps(cfg)
     optimizers.check(cfg)  # the other optimizer's option would be ignored too: refused
     _check_step_options(cfg)
     if record.rule == RULE_GEM and cfg.optim.gem_proxy == PROXY_GLOBAL:
@@ -202,6 +205,28 @@ def _check_text(data: DataConfig) -> None:
     if data.model == GPT and data.gpt_width % data.gpt_heads:
         raise UsageError(f"--gpt-heads {data.gpt_heads} must divide --gpt-width "
                          f"{data.gpt_width}")
+
+
+def _check_local_steps(cfg: Config) -> None:
+    """--local-steps: the asynchronous methods' workers, alone, with the shift GEM's budget
+    κ|Δ| is derived for."""
+    h, o = cfg.optim.local_steps, cfg.optim
+    if h == 1:
+        return
+    if synchronous(cfg.method):
+        own = " (its rounds are --diloco-steps)" if cfg.method == DILOCO else ""
+        raise UsageError(f"--local-steps {h} is for the asynchronous methods: --method "
+                         f"{cfg.method} is synchronous{own}")
+    if cfg.runtime.group_size > 1:
+        raise UsageError(f"--local-steps {h} with --group-size {cfg.runtime.group_size} is "
+                         "not built: a group takes one step an update")
+    if methods.of(cfg.method).rule == RULE_GEM and o.gem_proxy == PROXY_GLOBAL:
+        raise UsageError("--gem-proxy global folds each update into a momentum-SGD proxy's m: "
+                         "with --local-steps the proxy is the worker's own H steps (use "
+                         "--gem-proxy local)")
+    if methods.of(cfg.method).rule == RULE_GEM and o.gem_shift == SHIFT_PAPER:
+        raise UsageError("--gem-shift paper counts the worker's own last update in the shift, "
+                         "which is not derived for local steps: use --gem-shift others")
 
 
 def _check_groups(cfg: Config, world_size: int) -> None:
@@ -314,9 +339,11 @@ def _check_data(cfg: Config, world_size: int) -> None:
     from gem_mpi.problem.datasets import check_dataset  # torch: not for the quadratic
     from gem_mpi.problem.spec import dataset_spec
 
-    g = cfg.runtime.group_size  # a worker group's step takes G × --batch-size samples
-    d = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * g)
-    batch = f"--batch-size {cfg.data.batch_size}" + (f" × --group-size {g}" if g > 1 else "")
+    # a worker group's step takes G × --batch-size samples, an update of H local steps H ×
+    g, h = cfg.runtime.group_size, cfg.optim.local_steps
+    d = worker_data(cfg)
+    batch = (f"--batch-size {cfg.data.batch_size}" + (f" × --group-size {g}" if g > 1 else "")
+             + (f" × --local-steps {h}" if h > 1 else ""))
     if not is_plugin(d.dataset):
         dataset_spec(d.dataset, d.model, d.context)  # combinations that cannot work
     shards = n_workers(cfg, world_size) if d.shard else 1

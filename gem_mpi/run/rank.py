@@ -179,8 +179,9 @@ def data_stream(data: DataConfig, worker: int, n_workers: int, start_seq: int = 
 
 def worker_data(cfg: Config) -> DataConfig:
     """The data a worker of the engine reads: with --group-size G its group's, G ×
-    --batch-size a step (each rank of the group takes a part)."""
-    size = cfg.runtime.group_size
+    --batch-size a step (each rank of the group takes a part); with --local-steps H, H ×
+    --batch-size an update (one part a local step)."""
+    size = cfg.runtime.group_size * cfg.optim.local_steps
     if size <= 1 or synchronous(cfg.method):
         return cfg.data
     return dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * size)

@@ -272,7 +272,8 @@ class RunSupervisor:
         # text: the bytes (tokens) an update or a step trains on, which the lines report
         d = cfg.data
         self.tokens_per = d.batch_size * d.context * (
-            n_workers if synchronous(cfg.method) else cfg.runtime.group_size
+            n_workers if synchronous(cfg.method)
+            else cfg.runtime.group_size * cfg.optim.local_steps
         ) if d.dataset == TEXT else 0
         self.progress = ProgressLine(self.monitor.log_every, unit="upd" if noun == "update"
                                      else "step", noun=f"{noun}s", tokens=self.tokens_per)

@@ -1,4 +1,4 @@
-"""The worker's AdamW (gem_mpi.algorithm.adamw) in-process: its kept states resume a worker
+"""The worker's AdamW (gem_mpi.algorithm.optim) in-process: its kept states resume a worker
 exactly, and its numpy and torch forms take the same steps (the mpirun replays in
 tests/test_adamw.py hold the numpy form to the reference bit for bit)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gem_mpi.algorithm.adamw import AdamW
+from gem_mpi.algorithm.optim import AdamW
 from gem_mpi.config import AdamWConfig
 
 CFG = AdamWConfig(betas="0.8,0.99", adam_eps=1e-6, weight_decay=0.1)
