@@ -20,7 +20,8 @@ Which settings may change on a resume is decided here (:data:`MAY_CHANGE`); the 
 records every change with the update it took effect at.
 
 --method sync also stores the optimizer's momentum buffer (one flat array like θ), so its
-resume continues exactly. A GEM worker's momentum m (any worker's AdamW m, v and t under
+resume continues exactly; under --optimizer adamw ``momentum`` holds AdamW's first moment,
+``adam_v`` its second and ``adam_t`` each parameter tensor's step count. A GEM worker's momentum m (any worker's AdamW m, v and t under
 --optimizer adamw) lives on the worker: when a run is stopped (SIGUSR1/SIGTERM), each such
 worker writes its own file beside the checkpoint (``momentum_w<rank>.h5``, atomically: its
 state and those before its last steps), and a resume restores the one holding exactly the
@@ -31,7 +32,8 @@ With the global proxy (``--gem-proxy global``) m is the master's: every checkpoi
 does Gap-Aware's average of the squared steps v (``--method gap-aware``), in the same field.
 --method diloco stores the outer Nesterov buffer as ``momentum`` and, in a checkpoint written
 where every worker agreed to end (a stop, the end), each worker's inner momentum
-(``inner_m``); a periodic checkpoint has none, and inner momenta restart at 0 from it.
+(``inner_m``; AdamW's also ``inner_v``, ``inner_t``); a periodic checkpoint has none, and
+inner states restart at 0 from it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ import h5py
 import numpy as np
 
 from gem_mpi.config import (
+    DILOCO,
+    OPT_ADAMW,
     AdamWConfig,
     DataConfig,
     DilocoConfig,
@@ -60,7 +64,10 @@ from gem_mpi.config import (
 from gem_mpi.errors import OutputError, UsageError
 from gem_mpi.outputs.files import atomic_write, os_reason
 
-FORMAT = 3  # 3: a synchronous run stores no tickets or next_seq (it has none)
+# 3: a synchronous run stores no tickets or next_seq (it has none). Fields added since are
+# optional arrays that an older reader never needs (the AdamW ones: it refuses synchronous
+# AdamW), and an older file lacks only those its run could not have had
+FORMAT = 3
 NAME = "checkpoint_{clock:012d}.h5"
 _PATTERN = re.compile(r"checkpoint_(\d{12})\.h5$")
 # Settings a resume may change: η (a new learning rate after a stop is a common wish; each
@@ -99,9 +106,16 @@ class Checkpoint:
     kept_s: np.ndarray | None = None
     proxy_m: np.ndarray | None = None  # the master's per-element state: m, or Gap-Aware's v
     momentum: np.ndarray | None = None  # synchronous: the optimizer's momentum buffer
+    # synchronous --optimizer adamw (momentum: its first moment): its second moment, flat
+    # like θ, and the step count of each parameter tensor
+    adam_v: np.ndarray | None = None
+    adam_t: np.ndarray | None = None
     # --method diloco: each worker's inner momentum (n × P rows, worker 1 first), kept where
-    # every worker agreed to end the run (momentum then holds the outer Nesterov buffer)
+    # every worker agreed to end the run (momentum then holds the outer Nesterov buffer);
+    # under AdamW the inner one's three, as adam_v and adam_t's
     inner_m: np.ndarray | None = None
+    inner_v: np.ndarray | None = None
+    inner_t: np.ndarray | None = None
     shard_clock: np.ndarray | None = None  # --masters K > 1: each shard's clock and tickets
     shard_tickets: np.ndarray | None = None
     # once the worker count changed: each worker's dealt batches (gem_mpi.problem.elastic)
@@ -127,7 +141,7 @@ class Checkpoint:
 
 
 ARRAYS = ("theta", "next_seq", "momentum", "kept_s", "proxy_m", "shard_clock", "shard_tickets",
-          "rows_shards", "inner_m", "data_plan")
+          "rows_shards", "inner_m", "data_plan", "adam_v", "adam_t", "inner_v", "inner_t")
 _INTS = ("clock", "rows_updates", "rows_eval", "rows_rejected", "n_workers")
 
 
@@ -291,6 +305,24 @@ def check_compatible(ckpt: Checkpoint, config: dict, n_workers: int) -> None:
                              f"{_setting(ckpt.config, key)!r}, now {config.get(key)!r}; a resume "
                              f"may change only {', '.join('--' + k.replace('_', '-') for k in MAY_CHANGE)} "
                              "of the update rule and the data")
+    _check_optimizer_state(ckpt, config)
+
+
+def _check_optimizer_state(ckpt: Checkpoint, config: dict) -> None:
+    """A synchronous run continues its optimizer's state exactly: a checkpoint of its
+    settings without that state (damaged, or made by hand) is refused, not resumed at 0."""
+    method, optimizer = config.get("method", ""), config.get("optimizer")
+    if not synchronous(method):
+        return
+    adamw = optimizer == OPT_ADAMW
+    need = ["momentum"] + (["adam_v", "adam_t"] if adamw and method != DILOCO else [])
+    if adamw and ckpt.inner_m is not None:
+        need += ["inner_v", "inner_t"]
+    missing = [name for name in need if getattr(ckpt, name) is None]
+    if missing:
+        raise UsageError(f"--resume {ckpt.path!r} holds no {', '.join(missing)}, the optimizer "
+                         f"state a --method {method} --optimizer {optimizer} run continues "
+                         "from; resume from another checkpoint or start afresh")
 
 
 def resize(ckpt: Checkpoint, next_seq: np.ndarray, data_plan: np.ndarray) -> Checkpoint:

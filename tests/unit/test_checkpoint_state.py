@@ -106,3 +106,30 @@ def test_changes_and_compatibility_read_the_typed_checkpoint():
     ckpt.config = Config.of(method="sync").as_dict()
     with pytest.raises(UsageError, match="run of 3 workers, this one has 4"):
         checkpoint.check_compatible(ckpt, Config.of(method="sync").as_dict(), WORKERS + 1)
+
+
+def test_a_synchronous_adamw_checkpoint_keeps_its_state_and_is_refused_without_it(tmp_path):
+    """AdamW's second moment and step counts (DiLoCo: each worker's, a row each) come back
+    as written; a checkpoint of its settings without them is one line, not a resume at 0 (a
+    momentum-SGD one, all a format-3 file before them held, still resumes)."""
+    theta, tensors = np.arange(N, dtype=np.float32), 4
+    state = {"momentum": theta * 2, "adam_v": theta ** 2,
+             "adam_t": np.full(tensors, 9, np.int64),
+             "inner_m": np.ones((2, N), np.float32), "inner_v": np.full((2, N), 3, np.float32),
+             "inner_t": np.full((2, tensors), 9, np.int64)}
+    config = Config.of(method="diloco", optimizer="adamw").as_dict()
+    ckpt = Checkpoint(theta=theta, clock=9, run_id="s", elapsed_s=0.0, config=config,
+                      n_workers=2, **state)
+    back = checkpoint.load(checkpoint.save(str(tmp_path), ckpt))
+    _same(ckpt, back)
+    checkpoint.check_compatible(back, config, 2)
+    for method, gone in (("sync", "adam_t"), ("diloco", "inner_v")):
+        config = Config.of(method=method, optimizer="adamw").as_dict()
+        back.config = config
+        with pytest.raises(UsageError, match=f"holds no {gone}, the optimizer state a --method "
+                                             f"{method} --optimizer adamw run") as exc:
+            checkpoint.check_compatible(dataclasses.replace(back, **{gone: None}), config, 2)
+        assert "\n" not in str(exc.value)
+    sgd = Config.of(method="sync").as_dict()
+    checkpoint.check_compatible(Checkpoint(theta=theta, clock=9, run_id="s", elapsed_s=0.0,
+                                           config=sgd, n_workers=2, momentum=theta), sgd, 2)
