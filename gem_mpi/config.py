@@ -129,7 +129,9 @@ class OptimConfig:
     optimizer: str = opt(OPT_SGD, "the workers' optimizer, GEM's proxy: 'sgd' (momentum SGD, "
                          "Δθ = −η·g with GEM's m ← μm + Δθ, --momentum) or 'adamw' (each "
                          "worker's update is its own AdamW step d at the θ it pulled, "
-                         "--betas, --adam-eps, --weight-decay; GEM's budget is κ|d|)",
+                         "--betas, --adam-eps, --weight-decay; GEM's budget is κ|d|; sync, "
+                         "ddp: torch.optim.AdamW on the averaged gradient; diloco: the inner "
+                         "optimizer)",
                          check=(lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}"))
     local_steps: int = opt(1, "H: each update is H steps of the worker's own optimizer (momentum "
                            "SGD with --momentum, or AdamW) on its own copy from the θ it pulled, "

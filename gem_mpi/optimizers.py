@@ -4,7 +4,8 @@ nothing is silently ignored) and the methods it is built for.
 The optimizer is GEM's proxy (../shared/GEM_SPEC.md §10): under momentum SGD a worker's update
 is Δθ = −η·g and GEM's budget κ|m| with m ← μm + Δθ; under AdamW the update is the worker's
 own AdamW step d at the θ it pulled (:mod:`gem_mpi.algorithm.optim`) and the budget κ|d|, the
-master's rule unchanged.
+master's rule unchanged. The synchronous methods step torch.optim.AdamW on the averaged
+gradient (DiLoCo: as its inner optimizer; :mod:`gem_mpi.baseline.opt_state`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from gem_mpi import methods
 from gem_mpi.config import (
     ADAPTIVE,
+    DDP,
+    DILOCO,
     DOWNPOUR,
     GEM,
     METHODS,
@@ -23,6 +26,7 @@ from gem_mpi.config import (
     PROXY_GLOBAL,
     SECTIONS,
     SHIFT_PAPER,
+    SYNC,
     Config,
 )
 from gem_mpi.errors import UsageError
@@ -47,7 +51,8 @@ class Optimizer:
 
 _ALL = (
     Optimizer(OPT_SGD, "momentum SGD", own=("momentum",)),
-    Optimizer(OPT_ADAMW, "AdamW", section="adamw", methods=(GEM, DOWNPOUR, ADAPTIVE)),
+    Optimizer(OPT_ADAMW, "AdamW", section="adamw",
+              methods=(GEM, DOWNPOUR, ADAPTIVE, SYNC, DDP, DILOCO)),
 )
 OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in _ALL}
 

@@ -1,7 +1,9 @@
-"""``--method sync``, ``ddp`` and ``diloco``: data-parallel momentum SGD without a master.
+"""``--method sync``, ``ddp`` and ``diloco``: data-parallel momentum SGD (or AdamW,
+``--optimizer adamw``) without a master.
 
 GEM's proxy, the process whose energy GEM matches: n workers average their gradients every step, then take one
-momentum-SGD step with the same η and μ as the asynchronous methods; the effective batch is
+momentum-SGD step with the same η and μ as the asynchronous methods (or one torch.optim.AdamW
+step, :mod:`gem_mpi.baseline.opt_state`); the effective batch is
 n × b. Every rank is a worker (no master) and reads the same data stream as worker number
 rank + 1 of an asynchronous run, so that the methods see the same data. Two engines average
 the gradients, each behind a small face (:class:`_Horovod`, :class:`_Ddp`) so that the step
@@ -18,7 +20,7 @@ seconds, stop, rank 0's verdict) over mpi4py: it gives rank 0 the metrics row an
 rank agree, at the same step, on a stop signal that reached any rank or on the verdict of
 rank 0's supervisor at the step before (an output that could not be written); divergence
 each rank decides alike from the same numbers. Rank 0 evaluates, prints progress, writes the
-metrics file and the checkpoints (θ and the momentum buffer, identical on every rank).
+metrics file and the checkpoints (θ and the optimizer's state, identical on every rank).
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from gem_mpi.algorithm.stepsize import Schedule
+from gem_mpi.baseline import opt_state
 from gem_mpi.baseline.diloco import Diloco, check_diloco
 from gem_mpi.config import DDP, DILOCO, SYNC, Config
 from gem_mpi.errors import GemError, UsageError
 from gem_mpi.outputs.checkpoint import Checkpoint
-from gem_mpi.problem import Problem, build_problem, flatten, load_theta, unflatten
+from gem_mpi.problem import Problem, build_problem, flatten, load_theta
 from gem_mpi.run.local_step import LocalStep
 from gem_mpi.run.monitor import LossWatch
 from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
@@ -94,7 +97,7 @@ class Face(Protocol):
 
     @property
     def outer_state(self) -> dict | None:
-        """The optimizer state a checkpoint's momentum holds when the workers' own (inner)
+        """The optimizer state a checkpoint's shared fields hold when the workers' own (inner)
         optimizers differ from rank to rank (DiLoCo's outer buffer); None: the optimizer's."""
 
     def failed(self, exc: BaseException) -> bool:
@@ -147,8 +150,11 @@ class _Horovod:
             opt, named_parameters=model.named_parameters(), op=self.hvd.Average)
 
     def broadcast(self, model: object, opt: object) -> None:
+        """θ, and the optimizer's state if it has one (a checkpoint's): Horovod would make an
+        empty one by a step on zero gradients, which under AdamW counts a step and decays θ."""
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=ROOT)
-        self.hvd.broadcast_optimizer_state(opt, root_rank=ROOT)
+        if any(opt.state.values()):
+            self.hvd.broadcast_optimizer_state(opt, root_rank=ROOT)
 
     def step(self, opt: object, clip: object) -> None:
         """Wait for the averaged gradient, clip it if asked, step."""
@@ -204,7 +210,7 @@ class _Ddp:
         return DistributedDataParallel(model, device_ids=ids), opt
 
     def broadcast(self, model: object, opt: object) -> None:
-        """The momentum buffers, identical on every rank already (a checkpoint's, given to
+        """The optimizer's state, identical on every rank already (a checkpoint's, given to
         every rank, or none): nothing to send."""
 
     def step(self, opt: object, clip: object) -> None:
@@ -229,21 +235,19 @@ def check_face(method: str) -> None:
 
 
 class SyncTrainer:
-    """One worker of the synchronous run: model, momentum SGD wrapped by the method's
-    exchange (Horovod, DDP or DiLoCo), data.
+    """One worker of the synchronous run: model, momentum SGD or AdamW wrapped by the
+    method's exchange (Horovod, DDP or DiLoCo), data.
 
-    ``theta`` and ``momentum`` (flat float32, from a checkpoint) replace θ₀ and the zero
-    momentum when given; they must be given on every rank alike (run_sync broadcasts them).
-    DiLoCo: ``momentum`` is the outer Nesterov buffer, ``inner`` this worker's own momentum.
+    ``theta`` and ``shared`` (the optimizer's state as :mod:`~gem_mpi.baseline.opt_state`'s
+    arrays, from a checkpoint) replace θ₀ and the fresh state when given; they must be given
+    on every rank alike (run_sync broadcasts them). DiLoCo: ``shared`` is the outer Nesterov
+    buffer, ``inner`` this worker's own optimizer state.
     """
 
     def __init__(self, cfg: Config, comm: MPI.Intracomm, problem: Problem,
                  placement: Placement, start_step: int = 0,
-                 theta: np.ndarray | None = None, momentum: np.ndarray | None = None,
-                 inner: np.ndarray | None = None) -> None:
-        import torch
-
-        self.torch = torch
+                 theta: np.ndarray | None = None, shared: dict[str, np.ndarray] | None = None,
+                 inner: dict[str, np.ndarray] | None = None) -> None:
         self.comm = comm
         self.worker = comm.Get_rank() + 1
         self.n_workers = comm.Get_size()
@@ -252,15 +256,14 @@ class SyncTrainer:
         self.every = self.face.every  # steps between two exchanges
         self.local = LocalStep(cfg.optim, problem, self.device)
         self.model, self.params = self.local.model, self.local.params
-        opt = torch.optim.SGD(self.params, lr=cfg.optim.lr, momentum=cfg.optim.momentum)
         if theta is not None:
             load_theta(self.model, theta)
-        self.local.net, self.opt = self.face.wrap(self.model, opt)
-        outer = self.face.outer_state
-        if momentum is not None:
-            self._set_momentum(self.opt.state if outer is None else outer, momentum)
+        self.kind, self.shared_kind = cfg.optim.optimizer, opt_state.shared_kind(cfg)
+        self.local.net, self.opt = self.face.wrap(self.model, opt_state.build(cfg, self.params))
+        if shared is not None:
+            opt_state.put(self._shared, self.params, self.shared_kind, shared, self.device)
         if inner is not None:
-            self._set_momentum(self.opt.state, inner)
+            opt_state.put(self.opt.state, self.params, self.kind, inner, self.device)
         self.face.broadcast(self.model, self.opt)
         self.seed, self.step_count = cfg.data.seed, start_step
         self.steps, self.batches = data_stream(cfg.data, self.worker, self.n_workers, start_step)
@@ -269,11 +272,12 @@ class SyncTrainer:
         self.schedule = Schedule.of(cfg.optim, self.steps)  # η per step, as the workers'
         self.slow_factor = slowness(cfg, self.n_workers, self.worker)
 
-    def _set_momentum(self, state: dict, flat: np.ndarray) -> None:
-        """Each parameter's momentum buffer in an optimizer's ``state``, from one flat array."""
-        views = unflatten(self.torch.from_numpy(flat.copy()), self.params)
-        for p, buf in zip(self.params, views):
-            state[p]["momentum_buffer"] = buf.to(self.device)
+    @property
+    def _shared(self) -> dict:
+        """The state of the optimizer every rank shares: the optimizer's (DiLoCo: the outer
+        Nesterov step's, the inner optimizers' differing from worker to worker)."""
+        outer = self.face.outer_state
+        return self.opt.state if outer is None else outer
 
     def step(self) -> tuple[float, float, float]:
         """One synchronous step: (this worker's loss, its compute seconds, seconds waited for
@@ -305,19 +309,14 @@ class SyncTrainer:
     def theta(self) -> np.ndarray:
         return flatten(self.params)
 
-    def momentum(self) -> np.ndarray:
-        """The checkpoint's momentum: the optimizer's (DiLoCo: the outer Nesterov buffer,
-        the same on every worker)."""
-        outer = self.face.outer_state
-        return self._flat_momentum(self.opt.state if outer is None else outer)
+    def shared_state(self) -> dict[str, np.ndarray]:
+        """The checkpoint's optimizer state, the same on every worker (DiLoCo: the outer
+        Nesterov buffer)."""
+        return opt_state.arrays(self._shared, self.params, self.shared_kind)
 
-    def inner_momentum(self) -> np.ndarray:
-        """DiLoCo: this worker's own momentum, which differs from worker to worker."""
-        return self._flat_momentum(self.opt.state)
-
-    def _flat_momentum(self, state: dict) -> np.ndarray:
-        return flatten([state[p]["momentum_buffer"] if "momentum_buffer" in state[p]
-                        else self.torch.zeros_like(p) for p in self.params])
+    def inner_state(self) -> dict[str, np.ndarray]:
+        """DiLoCo: this worker's own optimizer state, which differs from worker to worker."""
+        return opt_state.arrays(self.opt.state, self.params, self.kind)
 
     def close(self) -> None:
         self.batches.close()  # its loader processes (--loader-workers) stop now
@@ -330,22 +329,24 @@ def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Plac
     """Train to the end of the data budget (or a stop); every rank returns the outcome.
     ``result``, if given, receives rank 0's final θ."""
     rank = comm.Get_rank()
-    start, theta, momentum, inner = 0, None, None, None
+    start, theta, shared, inner = 0, None, None, None
     # rank 0 alone has read the checkpoint, if any
     if comm.bcast(resumed is not None if rank == ROOT else None, root=ROOT):
         start = comm.bcast(resumed.clock if rank == ROOT else None, root=ROOT)
         theta = resumed.theta if rank == ROOT else np.empty(problem.n_params, np.float32)
-        momentum = (resumed.momentum if rank == ROOT
-                    else np.empty(problem.n_params, np.float32))
-        if rank == ROOT and momentum is None:
-            momentum = np.zeros(problem.n_params, np.float32)  # an asynchronous checkpoint
         comm.Bcast(theta, root=ROOT)
-        comm.Bcast(momentum, root=ROOT)
-        # DiLoCo: each worker's own inner momentum, if the checkpoint kept them (a stop's)
+        shared = opt_state.empty(opt_state.shared_kind(cfg), problem.sizes)
+        for key, array in shared.items():
+            if rank == ROOT:
+                array[...] = getattr(resumed, opt_state.SHARED[key])
+            comm.Bcast(array, root=ROOT)
+        # DiLoCo: each worker's own inner state, if the checkpoint kept them (a stop's)
         if comm.bcast(rank == ROOT and resumed.inner_m is not None, root=ROOT):
-            inner = np.empty(problem.n_params, np.float32)
-            comm.Scatter(resumed.inner_m if rank == ROOT else None, inner, root=ROOT)
-    trainer = SyncTrainer(cfg, comm, problem, placement, start, theta, momentum, inner)
+            inner = opt_state.empty(cfg.optim.optimizer, problem.sizes)
+            for key, array in inner.items():
+                comm.Scatter(getattr(resumed, opt_state.INNER[key]) if rank == ROOT else None,
+                             array, root=ROOT)
+    trainer = SyncTrainer(cfg, comm, problem, placement, start, theta, shared, inner)
     if rank == ROOT:
         n = comm.Get_size()
         say(f"{cfg.method} on {cfg.data.model}/{cfg.data.dataset}: {n} workers, no master, "
@@ -373,8 +374,8 @@ def _rounds_note(cfg: Config, trainer: SyncTrainer, resumed: Checkpoint | None) 
     if cut:
         note += f" (the last {cut} steps of the budget make no whole round: not taken)"
     if resumed is not None:
-        note += ("; inner momenta from the checkpoint" if resumed.inner_m is not None else
-                 "; inner momenta restart at 0 (a periodic checkpoint keeps none)")
+        note += ("; inner optimizer states from the checkpoint" if resumed.inner_m is not None
+                 else "; inner optimizer states restart at 0 (a periodic checkpoint keeps none)")
     return note
 
 
@@ -382,8 +383,8 @@ class SyncRun:
     """The step loop on every rank, the synchronous run's engine; rank 0's run supervisor
     records, evaluates and saves.
 
-    The synchronous run's part of a checkpoint: θ and the momentum buffer (identical on every
-    rank) and the step count. ``start``: the step it continues at (every rank)."""
+    The synchronous run's part of a checkpoint: θ and the optimizer's state (identical on
+    every rank) and the step count. ``start``: the step it continues at (every rank)."""
 
     noun = "step"
 
@@ -395,7 +396,8 @@ class SyncRun:
         self.n = comm.Get_size()
         self.step = start
         self.compute_total = self.allreduce_total = 0.0
-        self._inner: np.ndarray | None = None  # DiLoCo, rank 0: every inner m, at the end
+        # DiLoCo, rank 0: every worker's inner state, a row each, gathered at the end
+        self._inner: dict[str, np.ndarray] = {}
         self.sup: RunSupervisor | None = None
         # every rank watches the same losses alike: rank 0's supervisor watches with it
         self.losses = LossWatch(cfg.monitor.divergence_factor)
@@ -416,13 +418,15 @@ class SyncRun:
         return self.trainer.theta()
 
     def state(self) -> dict:
-        """θ, the momentum buffer and the step: no tickets or next_seq, which only the
+        """θ, the optimizer's state and the step: no tickets or next_seq, which only the
         asynchronous methods have."""
-        return {"theta": self.trainer.theta(), "momentum": self.trainer.momentum(),
-                "clock": self.step, "inner_m": self._inner}
+        shared = self.trainer.shared_state()
+        return {"theta": self.trainer.theta(), "clock": self.step,
+                **{opt_state.SHARED[k]: a for k, a in shared.items()},
+                **{opt_state.INNER[k]: a for k, a in self._inner.items()}}
 
     def load_state(self, ckpt: Checkpoint) -> None:
-        self.step = int(ckpt.clock)  # θ and momentum: run_sync gave them to the trainer
+        self.step = int(ckpt.clock)  # θ and the optimizer: run_sync gave them to the trainer
 
     def run(self) -> Outcome:
         if self.sup is None:
@@ -481,11 +485,13 @@ class SyncRun:
 
     def _end(self, verdict: Verdict) -> Verdict:
         """Every rank ends here at the same step. DiLoCo: rank 0 gathers each worker's inner
-        momentum, so that the checkpoint it writes now resumes them exactly."""
+        optimizer state, so that the checkpoint it writes now resumes them exactly."""
         if self.trainer.face.outer_state is not None:
-            mine = self.trainer.inner_momentum()
-            self._inner = np.empty((self.n, mine.size), np.float32) if self.root else None
-            self.comm.Gather(mine, self._inner, root=ROOT)
+            for key, mine in self.trainer.inner_state().items():
+                rows = np.empty((self.n, mine.size), mine.dtype) if self.root else None
+                self.comm.Gather(mine, rows, root=ROOT)
+                if rows is not None:
+                    self._inner[key] = rows
         return verdict
 
     def _step(self, step: int) -> tuple[float, float, float]:
