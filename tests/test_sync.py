@@ -109,7 +109,9 @@ def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path, method, optimize
     ckdir.mkdir()
     args = [*common, "--checkpoint-dir", str(ckdir), "--checkpoint-every", "0",
             "--metrics", str(h5), "--save", str(part)]
-    proc = train_background(2, *args)
+    # worker 1 three times as slow until the stop (timing only): a 2 s flush of the metrics
+    # rows must not find the run near its end
+    proc = train_background(2, *args, "--straggler", "1:3")
     err = signal_when(proc, lambda: steps_written(h5) >= 50)
     assert proc.returncode == 3, err
     assert err.count("stopped by a signal at step") == 1 and "Traceback" not in err

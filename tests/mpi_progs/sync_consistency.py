@@ -1,5 +1,5 @@
 """Run SyncTrainer steps (the code --method sync runs) and check after every step that
-every rank holds the same parameters and momentum, bit for bit. Prints SYNC-OK on rank 0."""
+every rank holds the same parameters and optimizer state, bit for bit. Prints SYNC-OK on rank 0."""
 
 import hashlib
 import sys
@@ -20,7 +20,7 @@ trainer = SyncTrainer(cfg, comm, build_problem(cfg.data, with_theta0=False),
 before = trainer.theta()
 for step in range(steps):
     trainer.step()
-    state = np.concatenate([trainer.theta(), trainer.momentum()])
+    state = np.concatenate([trainer.theta(), *trainer.shared_state().values()])
     digests = comm.allgather(hashlib.sha256(state.tobytes()).hexdigest())
     sums = comm.allgather(float(np.sum(state, dtype=np.float64)))
     if len(set(digests)) != 1:
