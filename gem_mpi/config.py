@@ -23,7 +23,10 @@ from gem_mpi.errors import UsageError
 # --- the vocabularies: every module takes its names from here -----------------------------
 GEM, DOWNPOUR, ADAPTIVE = "gem", "downpour", "adaptive"
 GAP_AWARE = "gap-aware"  # Barkai et al., ICLR 2020: Δθ divided by 1 + |θ − s|/C per element
-ASYNC_METHODS = (GEM, DOWNPOUR, ADAPTIVE, GAP_AWARE)  # applied by the master on rank 0
+# Async Local-SGD's delayed Nesterov (Liu et al. 2024, arXiv 2401.09135): each update applied
+# at once, scaled, an outer Nesterov momentum folded in only every N updates
+DN = "dn"
+ASYNC_METHODS = (GEM, DOWNPOUR, ADAPTIVE, GAP_AWARE, DN)  # applied by the master on rank 0
 SYNC = "sync"  # synchronous momentum SGD on Horovod: every rank a worker, no master
 DDP = "ddp"  # the same on torch.distributed's DistributedDataParallel
 # local SGD with an outer Nesterov step every --diloco-steps (arXiv 2311.08105), on torchft
@@ -421,8 +424,20 @@ class AdamWConfig:
         return b[1]
 
 
+@dataclass(frozen=True)
+class DnConfig:
+    """--method dn alone: delayed Nesterov's outer step at the master (arXiv 2401.09135)."""
+
+    dn_outer_lr: float = opt(0.7, "the outer learning rate η_o: each update Δ moves θ by "
+                             "η_o·Δ/N at once (> 0)", check=POSITIVE_F32)
+    dn_momentum: float = opt(0.9, "the outer Nesterov momentum β, in [0, 1)",
+                             check=FRACTION_F32)
+    dn_every: int = opt(0, "N: the outer momentum takes in the updates every N of them (0: "
+                        "the run's number of workers)", check=NON_NEGATIVE)
+
+
 SECTIONS = {"optim": OptimConfig, "adamw": AdamWConfig, "gap_aware": GapAwareConfig,
-            "diloco": DilocoConfig,
+            "diloco": DilocoConfig, "dn": DnConfig,
             "data": DataConfig, "monitor": MonitorConfig, "outputs": OutputConfig,
             "runtime": RuntimeConfig}
 
@@ -435,6 +450,7 @@ class Config:
     adamw: AdamWConfig = field(default_factory=AdamWConfig)
     gap_aware: GapAwareConfig = field(default_factory=GapAwareConfig)
     diloco: DilocoConfig = field(default_factory=DilocoConfig)
+    dn: DnConfig = field(default_factory=DnConfig)
     data: DataConfig = field(default_factory=DataConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     outputs: OutputConfig = field(default_factory=OutputConfig)

@@ -20,6 +20,7 @@ from gem_mpi.config import (
     ADAPTIVE,
     DDP,
     DILOCO,
+    DN,
     DOWNPOUR,
     GAP_AWARE,
     GEM,
@@ -38,7 +39,7 @@ DELTA, AMPLITUDE, SHIFT_BASE = "delta", "a", "s"
 
 # how the master applies an update: GEM's energy rule, Gap-Aware's division by the gap, or a
 # fixed π (1 for DOWNPOUR, 1/(τ+1) for adaptive staleness)
-RULE_GEM, RULE_GAP, RULE_FIXED = "gem", "gap", "fixed"
+RULE_GEM, RULE_GAP, RULE_FIXED, RULE_DN = "gem", "gap", "fixed", "dn"
 
 Parts = tuple[tuple[str, ...], str | None]  # (the parts in order, the part the master keeps)
 
@@ -85,6 +86,8 @@ class Method:
         a message names it; None where it keeps none."""
         if self.rule == RULE_GAP:
             return "Gap-Aware's step average v"
+        if self.rule == RULE_DN:
+            return "delayed Nesterov's momentum"
         if self.rule == RULE_GEM and optim.gem_proxy == PROXY_GLOBAL:
             return "the global proxy's m"
         return None
@@ -99,6 +102,7 @@ _ALL = (
     Method(DOWNPOUR, "DOWNPOUR", RULE_FIXED),
     Method(ADAPTIVE, "adaptive staleness", RULE_FIXED),
     Method(GAP_AWARE, "Gap-Aware", RULE_GAP, section="gap_aware"),
+    Method(DN, "delayed Nesterov", RULE_DN, section="dn"),
     Method(SYNC, "sync", None, face="Horovod", threads="multiple"),
     Method(DDP, "DDP", None, face="DDP"),
     Method(DILOCO, "DiLoCo", None, face="DiLoCo", section="diloco"),

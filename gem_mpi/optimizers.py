@@ -18,6 +18,7 @@ from gem_mpi.config import (
     ADAPTIVE,
     DDP,
     DILOCO,
+    DN,
     DOWNPOUR,
     GEM,
     METHODS,
@@ -52,7 +53,7 @@ class Optimizer:
 _ALL = (
     Optimizer(OPT_SGD, "momentum SGD", own=("momentum",)),
     Optimizer(OPT_ADAMW, "AdamW", section="adamw",
-              methods=(GEM, DOWNPOUR, ADAPTIVE, SYNC, DDP, DILOCO)),
+              methods=(GEM, DOWNPOUR, ADAPTIVE, DN, SYNC, DDP, DILOCO)),
 )
 OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in _ALL}
 

@@ -27,6 +27,10 @@ m ← m + (1 − β₁)(g − m), v ← β₂v + (1 − β₂)g², d = −(η/(1
 With ``local_steps`` H > 1 an update is H such steps (AdamW's, or momentum SGD's b ← μb + g,
 d = −ηb) from the pulled θ on the worker's own copy, Δ = θ_H − s, and GEM's a = κ|Δ|.
 
+Delayed Nesterov (``dn``) keeps one p across the log: θ ← θ + (η_o/N)·Δ and p ← p + Δ/N each
+update, and every N-th update θ ← θ + η_o·β·p, p ← β·p (:class:`gem_mpi.algorithm.rule.
+DelayedNesterov`; N the run's workers unless set).
+
 Gap-Aware keeps one v across the whole log, every applied update's unscaled Δθ (q on the bf16
 wire) folded into it in clock order, and takes the gap against θ just before the update:
 v ← γ·v + (1 − γ)·Δθ², C = √(v / (1 − γ^t)) + ε (t: the update's clock + 1),
@@ -52,6 +56,7 @@ from gem_mpi.algorithm.rule import global_decay
 from gem_mpi.algorithm.stepsize import Schedule, clip
 from gem_mpi.config import (
     ADAPTIVE,
+    DN,
     GAP_AWARE,
     GEM,
     PROXY_GLOBAL,
@@ -61,6 +66,7 @@ from gem_mpi.config import (
     WIRE_BF16,
     WIRE_F32,
     AdamWConfig,
+    DnConfig,
 )
 from gem_mpi.problem.quadratic import Quadratic
 
@@ -88,7 +94,8 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
            n_workers: int | None = None, schedule: Schedule | None = None,
            clip_norm: float = 0.0, wire: str = WIRE_F32, ga_decay: float = 0.999,
            ga_eps: float = 1e-8, new_at_seq0: bool = False,
-           adamw: AdamWConfig | None = None, local_steps: int = 1) -> Replay:
+           adamw: AdamWConfig | None = None, local_steps: int = 1,
+           dn: DnConfig | None = None) -> Replay:
     """Replay the applied updates of ``log`` (columns worker, version_pulled, staleness, in
     clock order; and seq with a ``schedule``) on ``q``. Only the last ``window`` versions of
     θ are kept for the pulls. ``n_workers``: the run's (the global proxy's decay depends on
@@ -99,7 +106,8 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
     afresh (the log's seq column is read). ``adamw``: the run's AdamW options, when its
     workers' optimizer is AdamW (None: momentum SGD); ``local_steps``: --local-steps H (an
     update is H steps of the worker's own optimizer, momentum SGD with ``momentum`` or AdamW,
-    the loss their mean)."""
+    the loss their mean); ``dn``: delayed Nesterov's options (its N: the run's workers when
+    0)."""
     bf16 = wire == WIRE_BF16
     theta = q.theta0()
     if n_workers is None:
@@ -108,6 +116,7 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
     m_global = np.zeros(q.dim, f32)
     gamma = f32(ga_decay)
     v = np.zeros(q.dim, f32)  # Gap-Aware's average of the squared steps
+    p_dn = np.zeros(q.dim, f32)  # delayed Nesterov's p (βM plus the cycle's Δ/N)
     versions = {0: theta}
     targets: dict[int, np.ndarray] = {}
     m: dict[int, np.ndarray] = {}
@@ -182,6 +191,14 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
             if keep_pi:
                 out.pis.append(pi)
             theta = theta + pi * sent
+        elif method == DN:  # each update at once, the momentum every N-th
+            d = dn or DnConfig()
+            every = d.dn_every or n_workers
+            theta = theta + f32(d.dn_outer_lr / every) * sent
+            p_dn = p_dn + f32(1.0 / every) * sent
+            if (clock + 1) % every == 0:
+                theta = theta + f32(d.dn_outer_lr * d.dn_momentum) * p_dn
+                p_dn = f32(d.dn_momentum) * p_dn
         elif method == GAP_AWARE:
             v = gamma * v + f32(1.0 - float(gamma)) * (sent * sent)
             c = np.sqrt(v / ga_bias(gamma, clock + 1)) + f32(ga_eps)

@@ -68,8 +68,15 @@ from gem_mpi.algorithm.kernel import (
     Kernel,
     to_bf16,
 )
-from gem_mpi.config import OPT_ADAMW, PROXY_GLOBAL, WIRE_BF16, GapAwareConfig, OptimConfig
-from gem_mpi.methods import RULE_GAP, RULE_GEM, SHIFT_BASE
+from gem_mpi.config import (
+    OPT_ADAMW,
+    PROXY_GLOBAL,
+    WIRE_BF16,
+    DnConfig,
+    GapAwareConfig,
+    OptimConfig,
+)
+from gem_mpi.methods import RULE_DN, RULE_GAP, RULE_GEM, SHIFT_BASE
 from gem_mpi.protocol import update_payload
 
 
@@ -233,12 +240,46 @@ class WorkerRule:
         return (q, qa)
 
 
+class DelayedNesterov:
+    """--method dn at the master (Liu et al. 2024, arXiv 2401.09135, without momentum
+    activation): each update Δ moves θ at once by η_o·Δ/N, and the outer momentum takes in
+    the updates only every N of them, so that it does not compound stale updates. In Δ's
+    sign (a pseudo-gradient is −Δ), with M the outer momentum:
+
+        every update:     θ ← θ + (η_o/N)·Δ,   p ← p + (1/N)·Δ       (p starts a cycle at βM)
+        every N-th, then: M ← p,   θ ← θ + η_o·β·M,   p ← β·M
+
+    so M ← βM + (ΣΔ)/N over the cycle and its last update takes θ ← θ + η_o(βM + Δ/N), the
+    paper's Nesterov step. One array, p, is the state (a checkpoint's ``proxy_m``); the
+    cycle's position is the master's clock."""
+
+    def __init__(self, p: np.ndarray, outer_lr: float, momentum: float, every: int) -> None:
+        self.p, self.every = p, every
+        self.scale = np.float32(outer_lr / every)  # the kernel's fixed π of each update
+        self.inv = np.float32(1.0 / every)
+        self.boost = np.float32(outer_lr * momentum)  # η_o·β
+        self.beta = np.float32(momentum)
+        self.tmp = np.empty_like(p)
+
+    def after(self, theta: np.ndarray, delta: np.ndarray, clock: int) -> None:
+        """The rest of update ``clock``'s step, once the kernel applied θ + (η_o/N)·Δ: p's
+        share of Δ and, at the cycle's end, the momentum's step (numpy, whole arrays)."""
+        np.multiply(delta, self.inv, out=self.tmp)
+        self.p += self.tmp
+        if (clock + 1) % self.every == 0:
+            np.multiply(self.p, self.boost, out=self.tmp)
+            theta += self.tmp
+            self.p *= self.beta
+
+
 class MasterRule:
     """The master's half: reads a payload the way the worker laid it out and applies it."""
 
     def __init__(self, optim: OptimConfig, kernel: Kernel, n_params: int,
-                 n_workers: int = 1, gap_aware: GapAwareConfig | None = None) -> None:
-        """``gap_aware``: Gap-Aware's own options (None: their defaults)."""
+                 n_workers: int = 1, gap_aware: GapAwareConfig | None = None,
+                 dn: DnConfig | None = None) -> None:
+        """``gap_aware``, ``dn``: Gap-Aware's and delayed Nesterov's own options (None:
+        their defaults)."""
         self.method, self.kernel, self.n = methods.of(optim.method), kernel, n_params
         self.eps, self.pi_max = optim.eps, optim.pi_max
         self.payload = update_payload(optim, n_params)
@@ -255,13 +296,23 @@ class MasterRule:
             v = np.empty(n_params, np.float32)
             kernel.zero(v)
             self.gap = GapAware.of(v, ga.ga_decay, ga.ga_eps)
+        self.dn: DelayedNesterov | None = None  # delayed Nesterov's p
+        if self.method.rule == RULE_DN:
+            d = dn or DnConfig()
+            p = np.empty(n_params, np.float32)
+            kernel.zero(p)
+            self.dn = DelayedNesterov(p, d.dn_outer_lr, d.dn_momentum,
+                                      d.dn_every or n_workers)
 
     @property
     def proxy_m(self) -> np.ndarray | None:
         """The master's own per-element state, which a checkpoint holds (as ``proxy_m``):
-        the global proxy's m, or Gap-Aware's v; None for the other rules."""
+        the global proxy's m, Gap-Aware's v, or delayed Nesterov's p; None for the other
+        rules."""
         if self.gap is not None:
             return self.gap.v
+        if self.dn is not None:
+            return self.dn.p
         return None if self.proxy is None else self.proxy.m
 
     def kept(self, payloads: np.ndarray) -> np.ndarray | None:
@@ -293,5 +344,10 @@ class MasterRule:
                                          keep=s if self.keep_s else None, proxy=self.proxy)
             return stats is not None, stats
         (delta,) = self.payload.split(payload)
+        if self.dn is not None:
+            ok = self.kernel.fixed_step(theta, delta, float(self.dn.scale))
+            if ok:
+                self.dn.after(theta, delta, clock)
+            return ok, None
         ok = self.kernel.fixed_step(theta, delta, self.method.fixed_scale(staleness))
         return ok, None

@@ -127,7 +127,8 @@ class Master:
                                  version0=resumed.clock if resumed else 0,
                                  ticket0=resumed.tickets if resumed else 0,
                                  zero=kernel.zero)  # θ and the mailboxes: first touch
-        self.rule = MasterRule(cfg.optim, kernel, hi - lo, self.n_workers, cfg.gap_aware)
+        self.rule = MasterRule(cfg.optim, kernel, hi - lo, self.n_workers, cfg.gap_aware,
+                               cfg.dn)
         self.verbose = cfg.monitor.verbose
         self.eval_split = cfg.data.eval_split  # what the end line calls the evaluation
         self.exit_timeout = cfg.monitor.exit_timeout

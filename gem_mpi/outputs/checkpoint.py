@@ -57,6 +57,7 @@ from gem_mpi.config import (
     AdamWConfig,
     DataConfig,
     DilocoConfig,
+    DnConfig,
     GapAwareConfig,
     OptimConfig,
     synchronous,
@@ -78,7 +79,8 @@ _PATTERN = re.compile(r"checkpoint_(\d{12})\.h5$")
 # options change nothing that is computed and may differ freely.
 MAY_CHANGE = ("lr", "data_dir", "loader_workers")
 # the sections of the update rule (each method's own included) and of the data
-_COMPUTED = [f for sec in (OptimConfig, AdamWConfig, GapAwareConfig, DilocoConfig, DataConfig)
+_COMPUTED = [f for sec in (OptimConfig, AdamWConfig, GapAwareConfig, DilocoConfig, DnConfig,
+                            DataConfig)
              for f in dataclasses.fields(sec)]
 MUST_MATCH = tuple(f.name for f in _COMPUTED if f.name not in MAY_CHANGE)
 RECORDED = tuple(f.name for f in _COMPUTED)

@@ -28,6 +28,7 @@ from gem_mpi.config import (
     LOSS_CONTINUE,
     MODELS,
     PROXY_GLOBAL,
+    PROXY_LOCAL,
     QUADRATIC,
     SECTIONS,
     SHIFT_OTHERS,
@@ -47,7 +48,7 @@ from gem_mpi.config import (
     synchronous,
 )
 from gem_mpi.errors import UsageError
-from gem_mpi.methods import RULE_GAP, RULE_GEM
+from gem_mpi.methods import RULE_DN, RULE_GAP, RULE_GEM
 from gem_mpi.outputs import checkpoint
 from gem_mpi.problem.loss import Loss, make_loss
 from gem_mpi.problem.user import SPLITS, why
@@ -122,6 +123,8 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
                          "is built for the built-in datasets; give a model of your own too "
                          "(--model MODULE:FUNCTION)")
     methods.check_own_options(cfg)  # another method's option would be ignored: refused
+    if record.rule == RULE_DN:
+        _check_dn(cfg)
     if record.rule == RULE_GAP and cfg.optim.gem_shift != SHIFT_OTHERS:
         raise UsageError(f"--gem-shift {cfg.optim.gem_shift} is GEM's: --method gap-aware "
                          "measures its gap against the θ each update was computed at")
@@ -205,6 +208,21 @@ def _check_text(data: DataConfig) -> None:
     if data.model == GPT and data.gpt_width % data.gpt_heads:
         raise UsageError(f"--gpt-heads {data.gpt_heads} must divide --gpt-width "
                          f"{data.gpt_width}")
+
+
+def _check_dn(cfg: Config) -> None:
+    """Delayed Nesterov: what its master half is built for."""
+    o = cfg.optim
+    if o.wire != WIRE_F32:
+        raise UsageError(f"--wire {o.wire} with --method dn is not built: its master folds "
+                         "each float32 update into its momentum (use --wire float32)")
+    if cfg.runtime.masters > 1:
+        raise UsageError(f"--masters {cfg.runtime.masters} with --method dn is not built: "
+                         "its momentum's cycle is one master's clock")
+    for flag, value, default in (("--gem-shift", o.gem_shift, SHIFT_OTHERS),
+                                 ("--gem-proxy", o.gem_proxy, PROXY_LOCAL)):
+        if value != default:
+            raise UsageError(f"{flag} {value} is GEM's: --method dn does not use it")
 
 
 def _check_local_steps(cfg: Config) -> None:

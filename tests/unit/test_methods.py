@@ -33,12 +33,12 @@ def test_the_method_sections_belong_to_their_methods_alone():
     names = [name for _, name in OWNED]
     assert len(names) == len(set(names))
     assert {"ga_decay", "ga_eps", "diloco_steps", "diloco_outer_lr", "diloco_outer_momentum",
-            "gem_proxy"} == set(names)
+            "gem_proxy", "dn_outer_lr", "dn_momentum", "dn_every"} == set(names)
 
 
 @pytest.mark.parametrize("owner, name", OWNED, ids=[n for _, n in OWNED])
 def test_an_option_of_another_method_is_refused_naming_its_owner(owner, name):
-    value = {"gem_proxy": "global", "diloco_steps": 5}.get(name, 0.5)
+    value = {"gem_proxy": "global", "diloco_steps": 5, "dn_every": 3}.get(name, 0.5)
     for other in METHODS.values():
         cfg = Config.of(method=other.name, **{name: value})
         if other is owner:
