@@ -189,6 +189,26 @@ def test_bench_overhead_sets_loader_processes_side_by_side(tmp_path):
 
 
 @pytest.mark.mpi
+def test_bench_lm_dry_run_trains_the_language_model_under_each_method(tmp_path):
+    """The GPU check's language-model rows, on the CPU (--cpu, tiny sizes): GEM-AdamW,
+    delayed Nesterov with local steps and DDP-AdamW, each a real mpirun job at equal samples,
+    each learning; tokens/s and losses against DDP's in the JSON."""
+    out = tmp_path / "lm.json"
+    res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "lm", "--cpu", "--workers",
+                          "2", "--max-steps", "40", "--batch-size", "8", "--test-bytes", "4096",
+                          "--lr", "0.005", "--json", str(out)], capture_output=True, text=True,
+                         timeout=400, check=False, env=mpi_env(), cwd=REPO)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads(out.read_text())
+    assert result["ok"] and [r["row"] for r in result["rows"]] == ["gem-adamw", "dn-adamw",
+                                                                   "ddp-adamw"]
+    assert len({r["samples"] for r in result["rows"]}) == 1  # equal samples
+    assert all(r["tokens_per_s"] > 0 and r["gpu_busy"] is None for r in result["rows"])
+    assert result["rows"][-1]["tokens_per_s_vs_ddp"] == 1.0
+    assert "gem_mpi.bench lm: ok" in res.stdout
+
+
+@pytest.mark.mpi
 def test_bench_gpu_dry_run_checks_learning_theta_and_the_masters_kernel(tmp_path):
     """The GPU check's own path, on the CPU (--cpu; CI has no GPU): the plain loop at both
     precisions, calibration, every worker order in float32 and the overlap order in bf16 as

@@ -15,7 +15,8 @@
 # about 1 min; the plain loop about 30 s; calibration about 25 s; 5 rows of about 50 s each:
 # 30 s of training plus the job's start and end), under 8; --mps-rows all adds 3 rows
 # (about 2.5 min: give it --seconds 20). Then python -m gem_mpi.bench groups: a worker group
-# of 2 ranks against 2 workers (about 40 s more). Exits non-zero when a check fails.
+# of 2 ranks against 2 workers (about 40 s more), and python -m gem_mpi.bench lm: the language
+# model under GEM-AdamW, DN and DDP-AdamW (1-2 minutes). Exits non-zero when a check fails.
 #
 #   tools/gpu_check.sh [OUT_DIR] [bench gpu options...]   # JSON to OUT_DIR/gpu_check.json
 set -euo pipefail
@@ -43,3 +44,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 # machine has a GPU per rank, gloo on CUDA tensors where both share one (about 40 s)
 "$GEM_MPI_PY" -m gem_mpi.bench groups --workers 2 --group-size 2 --dataset synthetic \
   --max-steps 100 --mpirun "$GEM_MPI_MPIRUN" --json "$out/groups_check.json"
+# the language model (gpt on the standard library's bytes) under GEM-AdamW, delayed Nesterov
+# with AdamW local steps and DDP-AdamW, 3 workers sharing cuda:0 at equal samples: tokens/s,
+# GPU-busy share, bits per byte (about 1-2 minutes)
+"$GEM_MPI_PY" -m gem_mpi.bench lm --mpirun "$GEM_MPI_MPIRUN" --json "$out/lm_check.json"

@@ -15,13 +15,14 @@ from gem_mpi.bench import (
     gpu,
     groups,
     kernel,
+    lm,
     master,
     overhead,
     overlap,
     transport,
 )
 
-BENCHES = (kernel, master, transport, compare, overhead, gpu, overlap, groups)  # help's order
+BENCHES = (kernel, master, transport, compare, overhead, gpu, overlap, groups, lm)  # help's order
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ def test_every_bench_registers_its_subcommand_and_what_runs_it():
         names.append(p.prog.split()[-1])
         assert callable(p.get_default("run")) and callable(p.get_default("show"))
     assert names == ["kernel", "master", "transport", "compare", "overhead", "gpu", "overlap",
-                     "groups"]
+                     "groups", "lm"]
 
 
 def test_a_bad_thread_count_is_a_usage_error_of_the_command(capsys):
