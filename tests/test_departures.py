@@ -212,8 +212,12 @@ def test_a_worker_killed_mid_commit_is_lost_and_the_run_goes_on_under_ulfm(tmp_p
     import subprocess
 
     cmd, env = _ulfm(tmp_path, "--worker-loss", "continue")
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240,
-                         check=False, start_new_session=True)
+    try:  # about 4 s; it hung once in a full-suite run (2026-12-07): say where, if again
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120,
+                             check=False, start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the ULFM job hung (killed after 120 s); its output so far:\n"
+                    f"{exc.stdout!s}\n{exc.stderr!s}")
     err = res.stderr
     assert res.returncode == 0, err
     assert "rank 2 dies in its update 2000" in res.stdout
