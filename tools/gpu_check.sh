@@ -16,7 +16,8 @@
 # 30 s of training plus the job's start and end), under 8; --mps-rows all adds 3 rows
 # (about 2.5 min: give it --seconds 20). Then python -m gem_mpi.bench groups: a worker group
 # of 2 ranks against 2 workers (about 40 s more), and python -m gem_mpi.bench lm: the language
-# model under GEM-AdamW, DN and DDP-AdamW (1-2 minutes). Exits non-zero when a check fails.
+# model under GEM-AdamW, DN and DDP-AdamW (not yet timed on a GPU). Exits non-zero when a check
+# fails.
 #
 #   tools/gpu_check.sh [OUT_DIR] [bench gpu options...]   # JSON to OUT_DIR/gpu_check.json
 set -euo pipefail
@@ -46,5 +47,6 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
   --max-steps 100 --mpirun "$GEM_MPI_MPIRUN" --json "$out/groups_check.json"
 # the language model (gpt on the standard library's bytes) under GEM-AdamW, delayed Nesterov
 # with AdamW local steps and DDP-AdamW, 3 workers sharing cuda:0 at equal samples: tokens/s,
-# GPU-busy share, bits per byte (about 1-2 minutes)
+# GPU-busy share, bits per byte (not yet timed on a GPU; 83 s on 2 CPU cores at --context 64,
+# 200 steps)
 "$GEM_MPI_PY" -m gem_mpi.bench lm --mpirun "$GEM_MPI_MPIRUN" --json "$out/lm_check.json"
