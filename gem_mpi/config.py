@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -494,13 +495,22 @@ def flag_of(f: dataclasses.Field) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m gem_mpi.train",
+        usage="%(prog)s [--config FILE] [--print-config] [OPTION ...]",
         description="Asynchronous data-parallel training with Gradient Energy Matching. "
         "Launch under MPI: rank 0 is the master, every other rank a worker, e.g. "
-        "mpirun -n 5 python -m gem_mpi.train",
+        "mpirun -n 5 python -m gem_mpi.train. The options come in sections; a TOML file "
+        "given with --config holds any of them under its section's name ([optim] lr = 0.1), "
+        "and an option on the command line overrides the file.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         add_help=False,
     )
     p.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="read the options from this TOML file (one table per section, as "
+                   "--print-config writes it); options on the command line override it")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the effective configuration as a TOML file for --config, "
+                   "and exit")
     for name, section in SECTIONS.items():
         group = p.add_argument_group(name, section.__doc__)
         for f in dataclasses.fields(section):
@@ -517,13 +527,69 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# a field's type as TOML must hold it: (accepted Python types, the name a message gives)
+_TOML_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "bool": ((bool,), "true or false"), "int": ((int,), "an integer"),
+    "float": ((int, float), "a number"), "str": ((str,), "a string"),
+    "str | None": ((str,), "a string")}
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    """The flat options a --config file sets, checked against the sections: an unknown
+    section or key, or a value of the wrong type, is one line naming it and the file."""
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except OSError as exc:
+        raise UsageError(f"--config {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"--config {path}: not valid TOML: {exc}") from None
+    options: dict[str, Any] = {}
+    for name, table in doc.items():
+        if name not in SECTIONS or not isinstance(table, dict):
+            raise UsageError(f"--config {path}: unknown section [{name}] (sections: "
+                             f"{', '.join(SECTIONS)})")
+        fields = {f.name: f for f in dataclasses.fields(SECTIONS[name])}
+        for key, value in table.items():
+            f = fields.get(key.replace("-", "_"))
+            if f is None:
+                raise UsageError(f"--config {path}: unknown key {name}.{key} (its options: "
+                                 f"{', '.join(fields)})")
+            types, wanted = _TOML_TYPES[str(f.type)]
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                raise UsageError(f"--config {path}: {name}.{key} must be {wanted}, got "
+                                 f"{value!r}")
+            options[f.name] = float(value) if str(f.type) == "float" else value
+    return options
+
+
+def to_toml(cfg: Config) -> str:
+    """``cfg`` as a --config file: every option under its section (an unset one, None, left
+    out: TOML has no null), so that reading it back gives ``cfg``."""
+    import tomli_w  # writing TOML is a library's job; install.sh installs it
+
+    doc = {name: {k: v for k, v in dataclasses.asdict(getattr(cfg, name)).items()
+                  if v is not None} for name in SECTIONS}
+    return ("# gem_mpi run configuration: python -m gem_mpi.train --config FILE\n"
+            + tomli_w.dumps(doc))
+
+
 def parse(argv: list[str]) -> tuple[Config | None, str | None]:
-    """Returns (config, None), or (None, help text) when --help was asked for."""
+    """Returns (config, None), or (None, text to print) when --help or --print-config was
+    asked for. The --config file's options become the parser's defaults, so that the
+    command line overrides them."""
     parser = build_parser()
-    ns = vars(parser.parse_args(argv))
-    if ns.pop("help"):
+    first = vars(parser.parse_known_args(argv)[0])
+    if first["help"]:
         return None, parser.format_help()
-    return Config.of(**ns), None
+    if first["config"] is not None:
+        parser.set_defaults(**read_toml(first["config"]))
+    ns = vars(parser.parse_args(argv))
+    for key in ("help", "config"):
+        ns.pop(key)
+    printing = ns.pop("print_config")
+    cfg = Config.of(**ns)
+    return (None, to_toml(cfg)) if printing else (cfg, None)
 
 
 def n_workers(cfg: Config, world_size: int) -> int:

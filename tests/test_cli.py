@@ -10,9 +10,11 @@ error aborts the whole job.
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 from pathlib import Path
 
+import h5py
 import pytest
 from helpers import PROGS, mpirun, quadratic_args, train
 
@@ -43,6 +45,7 @@ BAD_OPTIONS = [
     (["--model", "vgg"], "unknown --model 'vgg'"),
     (["--dataset", "cifar"], "unknown --dataset 'cifar'"),
     (["--no-such-option"], "unrecognized arguments"),
+    (["--config", "/nonexistent/run.toml"], "--config /nonexistent/run.toml: No such file"),
     (["--metrics", "/nonexistent/dir/run.h5"], "does not exist"),
     (["--save", "/nonexistent/dir/model.pt"], "does not exist"),
     (["--eval-every", "-1"], "--eval-every must be >= 0"),
@@ -217,6 +220,21 @@ def test_help_prints_once_and_exits_zero():
     res = train(WORLD, "--help", timeout=60)
     assert res.returncode == 0
     assert res.stdout.count("usage: python -m gem_mpi.train") == 1
+
+
+@pytest.mark.mpi
+def test_print_config_prints_once_and_a_run_takes_its_file(tmp_path):
+    res = train(WORLD, *QUAD, "--lr", "0.02", "--print-config", timeout=60)
+    assert res.returncode == 0 and res.stdout.count("[optim]") == 1, res.stderr
+    run = tmp_path / "run.toml"
+    run.write_text(res.stdout)
+    metrics = tmp_path / "m.h5"
+    res = train(WORLD, "--config", str(run), "--metrics", str(metrics), timeout=120)
+    assert res.returncode == 0, res.stderr
+    with h5py.File(metrics, "r") as f:
+        recorded = json.loads(f.attrs["config"])
+    assert recorded == {**config.parse([*QUAD, "--lr", "0.02"])[0].as_dict(),
+                        "metrics": str(metrics)}
 
 
 @pytest.mark.mpi

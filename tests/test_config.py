@@ -115,3 +115,71 @@ def test_a_checkpoint_older_than_an_option_ran_with_its_default():
     new, _ = config.parse(["--lr-schedule", "cosine"])
     with pytest.raises(UsageError, match="--lr-schedule was 'constant', now 'cosine'"):
         checkpoint.check_compatible(state, new.as_dict(), 4)
+
+
+def _every_option_changed() -> config.Config:
+    """A config whose every option differs from its default (types kept, validity not)."""
+    changed = {}
+    for section in config.SECTIONS.values():
+        for f in dataclasses.fields(section):
+            d = f.default
+            if isinstance(d, bool):
+                changed[f.name] = not d
+            elif isinstance(d, int):
+                changed[f.name] = d + 3
+            elif isinstance(d, float):
+                changed[f.name] = d * 1.5 + 0.125
+            else:  # a string, or None (an unset path or name)
+                changed[f.name] = (d or "") + "x"
+    return config.Config.of(**changed)
+
+
+def test_print_config_writes_a_file_that_config_reads_back_to_the_same_run(tmp_path):
+    cfg = _every_option_changed()
+    argv = []
+    for name, section in config.SECTIONS.items():
+        for f in dataclasses.fields(section):
+            value = getattr(getattr(cfg, name), f.name)
+            if isinstance(value, bool):  # a switch: its flag alone turns it
+                argv += [config.flag_of(f)] if value != f.default else []
+            else:
+                argv += [config.flag_of(f), str(value)]
+    assert config.parse(argv) == (cfg, None)  # the flags say cfg...
+    _, text = config.parse([*argv, "--print-config"])
+    run = tmp_path / "run.toml"
+    run.write_text(text)
+    assert config.parse(["--config", str(run)]) == (cfg, None)  # ...and so does the file
+    # sections are tables of the file, every option under its own
+    for name, section in config.SECTIONS.items():
+        assert f"[{name}]" in text
+    # the command line overrides the file, a switch included
+    over, _ = config.parse(["--config", str(run), "--lr", "0.25"])
+    assert over.optim.lr == 0.25 and over.data == cfg.data
+    dashed = tmp_path / "dashed.toml"
+    dashed.write_text('[optim]\nclip-grad-norm = 2\n[data]\nshard = true\n')
+    cfg, _ = config.parse(["--config", str(dashed)])
+    assert cfg.optim.clip_grad_norm == 2.0 and isinstance(cfg.optim.clip_grad_norm, float)
+    assert cfg.data.shard is True
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[optim]\nlr = 'fast'\n", "optim.lr must be a number, got 'fast'"),
+    ("[optim]\nlr = true\n", "optim.lr must be a number, got True"),
+    ("[data]\nbatch_size = 6.5\n", "data.batch_size must be an integer, got 6.5"),
+    ("[data]\nshard = 1\n", "data.shard must be true or false, got 1"),
+    ("[optim]\nlearning_rate = 0.1\n", "unknown key optim.learning_rate"),
+    ("[data]\nlr = 0.1\n", "unknown key data.lr"),  # an option of another section
+    ("[training]\nlr = 0.1\n", "unknown section [training]"),
+    ("lr = 0.1\n", "unknown section [lr]"),
+    ("[optim\n", "not valid TOML"),
+])
+def test_a_config_file_s_mistake_is_one_line_naming_the_key_and_the_file(tmp_path, text,
+                                                                         message):
+    run = tmp_path / "run.toml"
+    run.write_text(text)
+    with pytest.raises(UsageError) as refused:
+        config.parse(["--config", str(run)])
+    line = str(refused.value)
+    assert message in line and str(run) in line and "\n" not in line, line
+    with pytest.raises(UsageError, match="No such file"):
+        config.parse(["--config", str(tmp_path / "none.toml")])

