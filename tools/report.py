@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from gem_mpi.outputs import analysis as an
-from gem_mpi.outputs import figures, runfile
+from gem_mpi.outputs import figures, runfile, scalars
 
 PROG = "report.py"
 FINAL_FRACTION = 0.1  # "final training loss": mean over the last 10 % of updates
@@ -359,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN.h5", help="the metrics file")
     p.add_argument("-o", "--output", metavar="DIR", help="output folder (default: "
                    "RUN_report/ beside RUN.h5); created if needed")
+    p.add_argument("--tensorboard", metavar="DIR", help="also write the run's scalars as "
+                   "TensorBoard event files into DIR (tensorboard --logdir DIR), as "
+                   "python -m gem_mpi.train --tensorboard writes them live")
     return p
 
 
@@ -375,6 +378,11 @@ def main(argv: list[str]) -> int:
     skipped = f", skipped {len(outcome.skipped)}" if outcome.skipped else ""
     print(f"{PROG}: {run.name} ({run.label}, {state}, {run.n_updates} updates): "
           f"{len(outcome.figures)} figures{skipped} and summary.md in {outdir}")
+    if args.tensorboard:
+        split = "validation" if run.config.get("holdout") else "test"
+        points = scalars.export(run.updates, run.eval, split, args.tensorboard)
+        print(f"{PROG}: {points} TensorBoard points in {args.tensorboard}: "
+              f"tensorboard --logdir {args.tensorboard}")
     return 0
 
 

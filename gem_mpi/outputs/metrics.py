@@ -67,16 +67,20 @@ REJECTED_COLUMNS = [("time", "f8"), ("worker", "i4"), ("seq", "i8"), ("ticket", 
 # its batches not done then (dealt to the others), and how many workers train on
 DEPARTURE_COLUMNS = [("time", "f8"), ("worker", "i4"), ("updates", "i8"), ("clock", "i8"),
                      ("not_done", "i8"), ("workers_left", "i4")]
+# the run's speed, over its last start's training time (gem_mpi.run.throughput): NaN where it
+# does not apply (tokens: text only; model FLOP/s: torch models; MFU: a known accelerator)
+THROUGHPUT_FIELDS = ["tokens", "samples_per_s", "samples_per_s_per_worker", "tokens_per_s",
+                     "model_flops_per_s", "mfu"]
 SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished", "rejected",
                   "diverged",
                   "master_wait_s", "master_apply_s", "master_metrics_s", "master_mpi_s",
-                  "master_cpu_s", "tokens"]
+                  "master_cpu_s", *THROUGHPUT_FIELDS]
 # the asynchronous workers' own time split, WORKER_TIME_COLUMNS (seconds, one row per
 # worker, sent with their DONE message, gem_mpi.protocol; /summary/worker_time, NaN for a
 # worker that did not finish): what each worker's wall time went to, from its first pull to
 # its last message
 SYNC_SUMMARY_FIELDS = ["updates", "wall_s", "test_loss", "test_accuracy", "finished",
-                       "diverged", "compute_s", "allreduce_s", "tokens"]
+                       "diverged", "compute_s", "allreduce_s", *THROUGHPUT_FIELDS]
 
 
 # --masters K > 1, /summary: each shard's clock (updates it applied) and rejected updates,

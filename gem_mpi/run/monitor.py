@@ -17,7 +17,9 @@ import numpy as np
 
 from gem_mpi.config import DataConfig, MonitorConfig
 from gem_mpi.outputs.metrics import MetricsWriter
+from gem_mpi.outputs.scalars import LiveScalars
 from gem_mpi.problem import Problem, load_theta
+from gem_mpi.run.throughput import Throughput
 
 
 class Evaluator:
@@ -31,6 +33,7 @@ class Evaluator:
         self.threads = threads  # torch threads of the evaluation (None: leave torch's)
         self.noun = noun
         self.metrics: MetricsWriter | None = None  # the supervisor's, once it has one
+        self.scalars: LiveScalars | None = None  # the supervisor's live scalars, if any
         self.last: tuple = (-1, float("nan"), float("nan"))  # (clock, loss, accuracy)
         self._jobs: queue.Queue = queue.Queue(maxsize=1)
         self._results: queue.Queue = queue.Queue()
@@ -111,6 +114,10 @@ class Evaluator:
         if self.metrics is not None:
             self.metrics.add_eval({"time": t, "clock": clock, "test_loss": loss,
                                    "test_accuracy": acc})
+        if self.scalars is not None:
+            split = self.data.eval_split
+            self.scalars.write(clock, {f"eval/{split}_loss": loss,
+                                       f"eval/{split}_accuracy": acc})
         if self.monitor.verbose:
             print(f"gem_mpi: eval at {self.noun} {clock}: test loss {loss:.4f}, accuracy "
                   f"{acc:.4f}", file=sys.stderr, flush=True)
@@ -137,9 +144,9 @@ class ProgressLine:
     """One status line on rank 0: a live tqdm bar on a terminal, throttled lines otherwise."""
 
     def __init__(self, log_every: float, unit: str = "upd", noun: str = "updates",
-                 tokens: int = 0) -> None:
-        """``tokens``: the tokens one unit trains on (text), shown as tokens/s; 0: none."""
-        self.unit, self.noun, self.tokens = unit, noun, tokens
+                 throughput: Throughput | None = None) -> None:
+        """``throughput``: what one unit trains on, shown as samples/s (tokens/s, MFU)."""
+        self.unit, self.noun, self.throughput = unit, noun, throughput
         self.tty = sys.stderr.isatty()
         self.log_every = log_every
         self._last = time.monotonic()
@@ -159,11 +166,12 @@ class ProgressLine:
         self._last = time.monotonic()
         if self._bar is not None:
             self._bar.n = clock
-            self._bar.set_postfix_str(text, refresh=False)
+            words = f"{self.throughput.text(rate)}, {text}" if self.throughput else text
+            self._bar.set_postfix_str(words, refresh=False)
             self._bar.refresh()
             return
-        tokens = f" ({rate * self.tokens:.0f} tok/s)" if self.tokens else ""
-        print(f"gem_mpi: {clock} {self.noun}, {rate:.1f} {self.unit}/s{tokens}, {text}",
+        speed = f" ({self.throughput.text(rate)})" if self.throughput else ""
+        print(f"gem_mpi: {clock} {self.noun}, {rate:.1f} {self.unit}/s{speed}, {text}",
               file=sys.stderr, flush=True)
 
     def close(self) -> None:

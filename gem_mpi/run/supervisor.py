@@ -27,13 +27,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from gem_mpi import protocol
-from gem_mpi.config import TEXT, Config, synchronous, worker_ranks
+from gem_mpi.config import Config, synchronous, worker_ranks
 from gem_mpi.errors import OutputError
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.metrics import MetricsWriter
+from gem_mpi.outputs.scalars import LiveScalars
 from gem_mpi.problem import Problem, save_final
 from gem_mpi.run.departures import Departures
 from gem_mpi.run.monitor import Evaluator, LossWatch, ProgressLine, Watchdog, say
+from gem_mpi.run.throughput import Throughput, measure
 
 
 class Outcome(enum.Enum):
@@ -269,14 +271,18 @@ class RunSupervisor:
                 wire_bytes=None if synchronous(cfg.method) else protocol.update_payload(
                     cfg.optim, problem.n_params).wire_bytes,
             )
-        # text: the bytes (tokens) an update or a step trains on, which the lines report
-        d = cfg.data
-        self.tokens_per = d.batch_size * d.context * (
-            n_workers if synchronous(cfg.method)
-            else cfg.runtime.group_size * cfg.optim.local_steps
-        ) if d.dataset == TEXT else 0
+        # the samples (text: and tokens) an update or a step trains on, and their FLOPs
+        self.throughput: Throughput = measure(cfg, n_workers, eval_problem or problem)
+        if self.throughput.note:
+            say(self.throughput.note)
+        self.tokens_per = self.throughput.samples * self.throughput.tokens
         self.progress = ProgressLine(self.monitor.log_every, unit="upd" if noun == "update"
-                                     else "step", noun=f"{noun}s", tokens=self.tokens_per)
+                                     else "step", noun=f"{noun}s", throughput=self.throughput)
+        self.scalars: LiveScalars | None = None
+        if self.outputs.tensorboard or self.outputs.wandb:
+            self.scalars = self.evaluator.scalars = LiveScalars(
+                self.outputs.tensorboard, self.outputs.wandb, self.run_id, cfg.as_dict(),
+                resume_at=resumed.clock if resumed else None)
         self.losses = losses if losses is not None else LossWatch(self.monitor.divergence_factor)
         self.watchdog = Watchdog(n_workers, self.monitor.worker_timeout if watch_workers
                                  else 0.0)
@@ -315,8 +321,9 @@ class RunSupervisor:
     # --- what the engine calls during the run -----------------------------------------------
     @property
     def recording(self) -> bool:
-        """Whether rows are written (a metrics file, not failed): build them only then."""
-        return self.metrics is not None and self._failure is None
+        """Whether rows are written (a metrics file, not failed, or live scalars): build them
+        only then."""
+        return (self.metrics is not None or self.scalars is not None) and self._failure is None
 
     def _write(self, add: Callable[[MetricsWriter], None]) -> None:
         """One row through ``add`` while recording; a failed write ends the run at the next
@@ -330,6 +337,8 @@ class RunSupervisor:
     def record_update(self, row: dict) -> None:
         """One applied update or step."""
         self._write(lambda m: m.add_update(row))
+        if self.scalars is not None:
+            self.scalars.row(row)
 
     def record_shard_update(self, shard: int, row: dict) -> None:
         """One update as shard ``shard`` (1..K-1 of --masters K) applied it, in its order."""
@@ -413,8 +422,20 @@ class RunSupervisor:
     def show(self, status: Callable[[], str]) -> None:
         """The progress line, when one is due (``status`` is called only then)."""
         if self.progress.due():
-            rate = (self.position - self._first) / max(self.elapsed() - self.elapsed0, 1e-9)
+            rate = self.rate()
             self.progress.update(self.position, rate, status())
+            if self.scalars is not None:
+                self.scalars.tick(self.position, self.rate_scalars(rate))
+
+    def rate(self) -> float:
+        """Updates (steps) per second since this start of the run began training."""
+        return (self.position - self._first) / max(self.elapsed() - self.elapsed0, 1e-9)
+
+    def rate_scalars(self, rate: float) -> dict[str, float]:
+        """The live scalars of ``rate`` updates (steps) per second."""
+        unit = "updates_per_s" if self.noun == "update" else "steps_per_s"
+        return {f"speed/{unit}": rate,
+                **{f"speed/{k}": v for k, v in self.throughput.rates(rate).items()}}
 
     def begin(self) -> None:
         """Training starts now (set-up time is not the run's)."""
@@ -451,6 +472,7 @@ class RunSupervisor:
         base = {"updates": self.position, "wall_s": wall}
         if self.tokens_per:
             base["tokens"] = self.position * self.tokens_per
+        base.update(self.throughput.rates(self.rate()))
         engine = self.engine
         if outcome is Outcome.FINISHED:
             test_loss, test_acc = self.evaluator.final(engine.theta(), self.position, wall)
@@ -462,7 +484,8 @@ class RunSupervisor:
             self.summary = fields
             if self.metrics is not None:
                 self.metrics.close(fields)
-            say(engine.done_line(fields) + self._text_note(fields))
+            self._close_scalars(fields)
+            say(engine.done_line(fields) + self._speed_note(fields))
             return outcome
         self.evaluator.close()
         self.evaluator.drain()
@@ -472,13 +495,25 @@ class RunSupervisor:
         self._stopped_early(verdict.reason if outcome is Outcome.STOPPED else "a signal")
         if self.metrics is not None:
             self.metrics.close(fields)
+        self._close_scalars(fields)
         return Outcome.DIVERGED if self.diverged else Outcome.STOPPED
 
-    def _text_note(self, fields: dict) -> str:
-        """Text: the loss in bits per byte (the language-model unit) and the tokens/s."""
+    def _close_scalars(self, fields: dict) -> None:
+        """The last point of the live scalars, and the run's summary for W&B."""
+        if self.scalars is not None:
+            self.scalars.tick(self.position, self.rate_scalars(self.rate()))
+            self.scalars.close({k: float(v) for k, v in fields.items()
+                                if isinstance(v, (int, float))})
+
+    def _speed_note(self, fields: dict) -> str:
+        """The done line's throughput (text: and the loss in bits per byte, the language
+        model's unit)."""
+        note = f", {fields['samples_per_s']:.0f} samples/s"
+        if "mfu" in fields:
+            note += f", MFU {100 * fields['mfu']:.1f}%"
         if not self.tokens_per:
-            return ""
-        return (f", {fields['test_loss'] / math.log(2):.3f} bits/byte, "
+            return note
+        return (f"{note}, {fields['test_loss'] / math.log(2):.3f} bits/byte, "
                 f"{fields['tokens'] / max(fields['wall_s'], 1e-9):.0f} tok/s")
 
     def output_failed(self, reason: str) -> None:
@@ -505,6 +540,8 @@ class RunSupervisor:
                 self.metrics.close(fields)
             except OutputError as exc:
                 notes.append(str(exc))
+        if self.scalars is not None:
+            self.scalars.close()
         return "; ".join(notes)
 
     def _stopped_early(self, by: str) -> None:
