@@ -558,7 +558,8 @@ def read_toml(path: str) -> dict[str, Any]:
             raise UsageError(f"--config {path}: unknown section [{name}] (sections: "
                              f"{', '.join(SECTIONS)})")
         fields = {f.name: f for f in dataclasses.fields(SECTIONS[name])}
-        for key, value in table.items():
+        items: dict[str, Any] = table
+        for key, value in items.items():
             f = fields.get(key.replace("-", "_"))
             if f is None:
                 raise UsageError(f"--config {path}: unknown key {name}.{key} (its options: "
@@ -567,7 +568,8 @@ def read_toml(path: str) -> dict[str, Any]:
             if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
                 raise UsageError(f"--config {path}: {name}.{key} must be {wanted}, got "
                                  f"{value!r}")
-            options[f.name] = float(value) if str(f.type) == "float" else value
+            number: Any = value  # checked: an int or a float where a float is due
+            options[f.name] = float(number) if str(f.type) == "float" else value
     return options
 
 

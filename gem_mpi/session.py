@@ -24,6 +24,7 @@ from gem_mpi.engine.shards import shard_cut
 from gem_mpi.engine.worker import run_worker
 from gem_mpi.errors import GemError, UsageError
 from gem_mpi.outputs import checkpoint
+from gem_mpi.outputs.lock import RUN_LOCKS
 from gem_mpi.outputs.metrics import check_resumable
 from gem_mpi.problem import Problem, build_problem, elastic, preload
 from gem_mpi.run.preflight import validate
@@ -73,6 +74,8 @@ def prepare(cfg: config.Config, comm: MPI.Intracomm
         error = thread_check(comm)  # a compute thread beside the MPI one
     if error is None and cfg.runtime.group_size > 1:
         error = group_check(comm, cfg.runtime.masters, cfg.runtime.group_size)
+    if error is not None:
+        RUN_LOCKS.release(refused=True)  # nothing runs: the outputs are as they were
     return error, resumed
 
 
@@ -88,6 +91,11 @@ def _check_on_master(cfg: config.Config, size: int) -> checkpoint.Checkpoint | N
                 shard_cut(build_problem(cfg.data, with_theta0=False).sizes, cfg.runtime.masters)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
+    out = cfg.outputs  # one run writes them at a time, from here to the run's end
+    if out.metrics:
+        RUN_LOCKS.take(out.metrics, "--metrics")
+    if out.checkpoint_dir:
+        RUN_LOCKS.take(out.checkpoint_dir, "--checkpoint-dir", directory=True)
     return _resume(cfg, config.n_workers(cfg, size))
 
 
@@ -145,6 +153,14 @@ def run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint 
         result: dict | None = None) -> Outcome:
     """This rank's part of the run: the master, a worker, or a synchronous worker.
     ``result``, if given, receives on rank 0 the final θ and the model it was loaded into."""
+    try:
+        return _run(cfg, comm, resumed, result)
+    finally:
+        RUN_LOCKS.release()  # rank 0's locks on its outputs (no-op elsewhere)
+
+
+def _run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint | None,
+         result: dict | None) -> Outcome:
     stop = StopFlag().install()
     rank = comm.Get_rank()
     sync = methods.of(cfg.method).synchronous  # no master: the synchronous step loop

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # tools/demo.sh - install/check everything (tools/install.sh), then train with GEM on
 # ${GEM_MPI_DEMO_RANKS:-5} MPI ranks on this machine (1 master + 4 workers): the paper's net
-# on Fashion-MNIST, one epoch per worker. Metrics go to runs/demo.h5 and the model to
-# runs/demo_model.pt unless arguments are given; arguments go to gem_mpi.train:
+# on Fashion-MNIST, one epoch per worker, evaluated every 250 updates. Without arguments the
+# metrics go to runs/demo.h5, live TensorBoard scalars to runs/demo_tb/, the model to
+# runs/demo_model.pt, and tools/report.py then draws the figures into runs/demo_report/;
+# arguments go to gem_mpi.train instead (and no report is drawn):
 #   tools/demo.sh --help
 set -euo pipefail
 
@@ -19,8 +21,13 @@ if [[ "$(id -u)" == 0 ]]; then
 fi
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-if (($# == 0)); then
-  mkdir -p runs
-  set -- --metrics runs/demo.h5 --save runs/demo_model.pt
+if (($# > 0)); then
+  exec mpirun "${mpirun_args[@]}" "$GEM_MPI_PY" -m gem_mpi.train "$@"
 fi
-exec mpirun "${mpirun_args[@]}" "$GEM_MPI_PY" -m gem_mpi.train "$@"
+mkdir -p runs
+rm -rf runs/demo_tb  # a new run's curves, not appended to the last demo's
+mpirun "${mpirun_args[@]}" "$GEM_MPI_PY" -m gem_mpi.train --metrics runs/demo.h5 \
+  --save runs/demo_model.pt --eval-every 250 --tensorboard runs/demo_tb
+"$GEM_MPI_PY" tools/report.py runs/demo.h5 -o runs/demo_report
+echo "demo.sh: figures (test accuracy over time: eval.png) and summary.md in runs/demo_report/;"
+echo "demo.sh: live scalars: tensorboard --logdir runs/demo_tb; metrics: runs/demo.h5"

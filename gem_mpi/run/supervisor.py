@@ -30,6 +30,7 @@ from gem_mpi import protocol
 from gem_mpi.config import Config, synchronous, worker_ranks
 from gem_mpi.errors import OutputError
 from gem_mpi.outputs import checkpoint
+from gem_mpi.outputs.lock import RUN_LOCKS
 from gem_mpi.outputs.metrics import MetricsWriter
 from gem_mpi.outputs.scalars import LiveScalars
 from gem_mpi.problem import Problem, save_final
@@ -254,6 +255,7 @@ class RunSupervisor:
                                    threads=eval_threads)
         # the run's id: drawn at its first start, kept by its checkpoints and metrics file
         self.run_id = run_id or (resumed.run_id if resumed else uuid.uuid4().hex)
+        RUN_LOCKS.describe(self.run_id)  # a second run on the outputs is told whose they are
         self.metrics: MetricsWriter | None = None
         if self.outputs.metrics:
             rows, log, shard_rows = None, None, None
