@@ -290,7 +290,7 @@ class MonitorConfig:
                                    "exceeds this many times its lowest value so far (judged "
                                    "after its first 20 losses, counted as at least a thousandth "
                                    "of its first), or turns NaN/Inf, or θ does", check=(lambda v: v > 1, "> 1"))
-    min_free_mb: float = opt(64.0, "stop the run cleanly (exit 1, after a checkpoint) when the "
+    min_free_mb: float = opt(64.0, "stop the run cleanly (exit 5, after a checkpoint) when the "
                              "metrics file's file system has less than this many MB free, "
                              "before a full disk can damage the file (0: no check)",
                              check=NON_NEGATIVE)

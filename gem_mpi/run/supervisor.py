@@ -49,13 +49,15 @@ class Outcome(enum.Enum):
 
 
 EXIT_USAGE = 2  # a bad option or input, reported before anything ran
+# one code per way to end, so that a launcher can tell what a restart would fix: a stuck
+# worker (6) or a killed rank (mpirun: 128 + the signal) yes, a full disk (5) not
 EXIT_CODES = {
     Outcome.FINISHED: 0,
     Outcome.FAILED: 1,
-    Outcome.OUTPUT_FAILED: 1,
-    Outcome.STUCK: 1,
     Outcome.STOPPED: 3,
     Outcome.DIVERGED: 4,
+    Outcome.OUTPUT_FAILED: 5,
+    Outcome.STUCK: 6,
 }
 # the stop word each outcome sends the workers (they exit with the code it maps back to)
 SHUTDOWN = {Outcome.FINISHED: protocol.FINISHED, Outcome.STOPPED: protocol.STOPPED,

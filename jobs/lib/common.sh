@@ -17,6 +17,10 @@
 #   3    stopped with a checkpoint and not requeued (GEM_MAX_RESTARTS reached); resubmit
 #        with GEM_RUN_NAME=<the run's name> to resume it (GEM_STOPPED_EXIT changes the code)
 #   4    the run diverged and was stopped (the last good checkpoint is kept)
+#   5    an output could not be written (a full disk, --min-free-mb): free space, resubmit
+#        with GEM_RUN_NAME=<the run's name>
+#   6    a worker was stuck (sent nothing for --worker-timeout): the job ended after a
+#        checkpoint; resubmit with GEM_RUN_NAME=<the run's name>
 #   143  stopped by SIGTERM or SIGINT (scancel, preemption): the job ends CANCELLED anyway
 #   other  the launcher's exit code: a rank failed (its traceback is in the log)
 #
@@ -430,6 +434,11 @@ gem_train() { # n stem train-args...
     3) _gem_requeue_or_stop "$stem" ;;
     4) gem_die 4 "the run diverged and was stopped after ${took} s (see gem_mpi's line" \
       "above; the last good checkpoint is kept); not requeued; exit 4" ;;
+    5) gem_die 5 "an output could not be written after ${took} s (gem_mpi's line above says" \
+      "which; a checkpoint was kept where one fits); free space and resubmit with" \
+      "GEM_RUN_NAME=$(basename "$stem"); exit 5" ;;
+    6) gem_die 6 "a worker was stuck after ${took} s (gem_mpi's line above names it; the job" \
+      "ended after a checkpoint); resubmit with GEM_RUN_NAME=$(basename "$stem"); exit 6" ;;
   esac
   if [[ -n $GEM_STOP_REASON ]]; then
     # the ranks did not stop by themselves (killed after GEM_STOP_GRACE, or the signal came

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gem_mpi.errors import UsageError
-from gem_mpi.launch import FINAL, plan
+from gem_mpi.launch import FINAL, lost_rank, plan
 
 
 def test_it_adds_resume_auto_and_keeps_one_worker_at_least(tmp_path):
@@ -36,4 +36,16 @@ def test_what_cannot_work_is_refused(argv, says, tmp_path):
 
 
 def test_only_a_lost_rank_restarts():
-    assert set(FINAL) == {0, 2, 3, 4}  # finished, refused, stopped, diverged end the launcher
+    # finished, refused, stopped, diverged, an output that cannot be written end the launcher
+    assert set(FINAL) == {0, 2, 3, 4, 5}
+    assert lost_rank(137) and lost_rank(143) and lost_rank(6)  # killed, or stuck
+    assert not lost_rank(1) and not lost_rank(5)
+
+
+def test_a_group_is_dropped_whole_and_a_synchronous_job_keeps_its_ranks(tmp_path):
+    args, train, fewest = plan(["-n", "7", "--", "--checkpoint-dir", str(tmp_path),
+                                "--group-size", "2", "--model", "mnist-cnn"])
+    assert (args.drop, fewest) == (2, 3) and train[-2:] == ["--resume", "auto"]
+    args, _, fewest = plan(["-n", "4", "--", "--checkpoint-dir", str(tmp_path), "--method",
+                            "ddp"])
+    assert (args.drop, fewest) == (0, 4)

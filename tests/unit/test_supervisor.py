@@ -180,7 +180,7 @@ def test_low_space_is_a_verdict_with_a_checkpoint_and_one_line(tmp_path, capsys)
             engine.sup.record_rejected({"time": 0.0, "worker": 1, "seq": 5, "ticket": 5})
 
     sup, _, _ = _run(tmp_path, script=reject_one, min_free_mb=1e12)
-    assert sup.run() is Outcome.OUTPUT_FAILED and EXIT_CODES[Outcome.OUTPUT_FAILED] == 1
+    assert sup.run() is Outcome.OUTPUT_FAILED and EXIT_CODES[Outcome.OUTPUT_FAILED] == 5
     [line] = _error_lines(capsys.readouterr().err)
     assert line.startswith("gem_mpi: error: stopped at update 6: --metrics")
     assert "below --min-free-mb 1e+12" in line and "free space, then --resume auto" in line

@@ -85,3 +85,13 @@ def vector_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 NOT_A_FUNCTION = 3
+
+
+def worker_crash(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """A loss that fails on every worker (MPI rank > 0) at its first step, every time: a
+    crash that a restart cannot fix (rank 0's checks and evaluations use it fine)."""
+    import os
+
+    if os.environ.get("OMPI_COMM_WORLD_RANK", "0") != "0":
+        raise RuntimeError("a bug in the user's loss")
+    return nn.functional.cross_entropy(output, target)
