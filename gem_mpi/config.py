@@ -315,9 +315,13 @@ class OutputConfig:
     metrics: str | None = opt(None, "HDF5 file for the metrics (rank 0 writes it)")
     save: str | None = opt(None, "save the final model's state_dict here (torch.save)")
     checkpoint_dir: str | None = opt(None, "the master writes checkpoints here (HDF5, "
-                                     "atomically; the newest is kept)")
+                                     "atomically; the newest --keep-checkpoints are kept)")
     checkpoint_every: float = opt(300.0, "seconds between checkpoints (0: only when stopped by "
                                   "SIGUSR1/SIGTERM)", check=NON_NEGATIVE)
+    keep_checkpoints: int = opt(2, "checkpoints kept in --checkpoint-dir: the newest and the "
+                                "K − 1 before it (the last good state stays beside the newest, "
+                                "which may already hold a diverging θ)", check=POSITIVE,
+                                metavar="K")
     resume: str | None = opt(None, "continue from this checkpoint, or 'auto': the newest in "
                              "--checkpoint-dir if there is one, else start afresh")
     tensorboard: str | None = opt(None, "write live scalars (loss, staleness, π median, "

@@ -31,6 +31,7 @@ from helpers import (
 
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.engine.shards import shard_cut
+from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem.quadratic import Quadratic
 
@@ -144,7 +145,7 @@ def test_stop_and_resume_is_exact_on_every_shard(tmp_path, proxy):
     assert proc.returncode == 3, err
     assert err.count("stopped by signal 10 at update") == 1
     momentum_files = len(list(tmp_path.glob("momentum_w*.h5")))
-    with h5py.File(next(tmp_path.glob("checkpoint_*.h5"))) as f:
+    with h5py.File(checkpoint.latest(str(tmp_path))) as f:
         clocks = f["shard_clock"][()].tolist()
         next_seq = f["next_seq"][()]
         proxy_m = f["proxy_m"][()] if "proxy_m" in f else None

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from helpers import REPO, assert_exactly_once, mpi_env, quadratic_args
 
+from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.runfile import RunFileError, RunFollower, load_run
 
 pytestmark = pytest.mark.mpi  # every test here launches mpirun or another process
@@ -236,7 +237,7 @@ def test_time_limit_checkpoints_requeues_and_resumes(slurm, tmp_path):
     assert len(clock) > first
     assert np.array_equal(clock, np.arange(len(clock)))  # one log across both runs
     assert run.summary["finished"] == 0.0  # stopped, and says so
-    [ckpt] = (tmp_path / "runs" / f"gem_mnist_100_{job}.ckpt").glob("checkpoint_*.h5")
+    ckpt = Path(checkpoint.latest(str(tmp_path / "runs" / f"gem_mnist_100_{job}.ckpt")))
     assert ckpt.name == f"checkpoint_{len(clock):012d}.h5"  # the second stop's checkpoint
 
 

@@ -169,8 +169,10 @@ def _write(tmp: str, ckpt: Checkpoint) -> None:
         f.attrs["config"] = json.dumps(ckpt.config, sort_keys=True)
 
 
-def save(directory: str, ckpt: Checkpoint) -> str:
-    """Write a checkpoint atomically and drop the older ones; returns its path."""
+def save(directory: str, ckpt: Checkpoint, keep: int = 1) -> str:
+    """Write a checkpoint atomically and keep it and the ``keep`` − 1 newest before it;
+    returns its path. One of a later clock is from a future this run abandoned (it resumed
+    from an earlier one), and is dropped, so that ``--resume auto`` never goes back to it."""
     final = os.path.join(directory, NAME.format(clock=int(ckpt.clock)))
     try:
         atomic_write(final, lambda tmp: _write(tmp, ckpt))
@@ -179,8 +181,11 @@ def save(directory: str, ckpt: Checkpoint) -> str:
         kept = f"the previous one, {before}, is kept" if before else "there is no earlier one"
         raise OutputError(f"checkpoint {final!r}: writing failed ({os_reason(exc)}); "
                           f"{kept}") from None
-    for old in glob.glob(os.path.join(directory, "checkpoint_*.h5")):
-        if old != final and _PATTERN.search(old):
+    found = sorted(((int(m.group(1)), p) for p in glob.glob(os.path.join(
+        directory, "checkpoint_*.h5")) if (m := _PATTERN.search(p))), reverse=True)
+    newest = [p for clock, p in found if clock <= ckpt.clock][:keep]
+    for _, old in found:
+        if old not in newest:
             os.remove(old)
     return final
 

@@ -353,7 +353,9 @@ class MetricsWriter:
         self.evals.append(row)
         self.flush()
 
-    def flush(self, check_space: bool = True) -> None:
+    def flush(self, check_space: bool = True, durable: bool = False) -> None:
+        """Write the pending rows; ``durable``: and fsync the file, so that the rows a
+        checkpoint counts are on the disk before the checkpoint says so."""
         self._last_flush = time.monotonic()
         if self.closed or check_space and self._space_is_low():
             return
@@ -369,6 +371,8 @@ class MetricsWriter:
                 if self.departures is not None:
                     self.departures.write()
                 self._f.flush()
+                if durable:
+                    os.fsync(self._f.id.get_vfd_handle())
         except (OSError, RuntimeError) as exc:
             self._fail(exc, good)
 
@@ -404,9 +408,12 @@ class MetricsWriter:
             for table, count in zip(self.shard_tables, good[3:]):
                 table.written = count
         except Exception:  # noqa: BLE001 - whatever went wrong, the file cannot be trusted
-            with contextlib.suppress(OSError):
-                os.remove(self.path)
-            kept = "it could not be repaired and was removed"
+            aside = f"{self.path}.damaged"
+            try:  # never deleted: its rows may still be read, by h5py or by hand
+                os.replace(self.path, aside)
+                kept = f"it could not be repaired and was moved to {aside}"
+            except OSError:
+                kept = "it could not be repaired (nor moved aside)"
         raise OutputError(f"--metrics {self.path!r}: writing failed ({os_reason(exc)}); "
                           f"{kept}") from None
 
@@ -429,6 +436,7 @@ class MetricsWriter:
                     if name in summary and name in self._f["summary"]:
                         self._f["summary"][name][...] = summary[name]
                 self._f.flush()
+                os.fsync(self._f.id.get_vfd_handle())  # the run's end is on the disk
                 self._f.close()
         except (OSError, RuntimeError) as exc:
             self._fail(exc, good)

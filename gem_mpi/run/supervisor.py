@@ -193,8 +193,9 @@ class Checkpointer:
     """Composes the stateful parts into one checkpoint file, and decides when one is due."""
 
     def __init__(self, directory: str | None, every: float, config: dict, n_workers: int,
-                 parts: list[Stateful], clock: Callable[[], float] = time.monotonic) -> None:
-        self.directory, self.every = directory, every if directory else 0.0
+                 parts: list[Stateful], clock: Callable[[], float] = time.monotonic,
+                 keep: int = 1) -> None:
+        self.directory, self.every, self.keep = directory, every if directory else 0.0, keep
         self.config, self.n_workers, self.parts = config, n_workers, parts
         self.clock = clock
         self._last = clock()
@@ -206,7 +207,7 @@ class Checkpointer:
         fields: dict[str, Any] = {"config": self.config, "n_workers": self.n_workers}
         for part in self.parts:
             fields.update(part.state())
-        path = checkpoint.save(self.directory, checkpoint.Checkpoint(**fields))
+        path = checkpoint.save(self.directory, checkpoint.Checkpoint(**fields), self.keep)
         self._last = self.clock()
         return path
 
@@ -225,7 +226,8 @@ class _MetricsRows:
     def state(self) -> dict[str, Any]:
         if self.metrics is None:
             return {"rows_updates": 0, "rows_eval": 0, "rows_rejected": 0}
-        self.metrics.flush(check_space=False)  # into the low-space margin if need be
+        # into the low-space margin if need be, and on the disk before the checkpoint
+        self.metrics.flush(check_space=False, durable=True)
         rows = self.metrics.rows()
         out: dict[str, Any] = {"rows_updates": rows[0], "rows_eval": rows[1],
                                "rows_rejected": rows[2]}
@@ -297,7 +299,8 @@ class RunSupervisor:
         self.checkpointer = Checkpointer(self.outputs.checkpoint_dir,
                                          self.outputs.checkpoint_every, cfg.as_dict(),
                                          n_workers, [engine, _MetricsRows(self.metrics), self,
-                                                     self.departures])
+                                                     self.departures],
+                                         keep=self.outputs.keep_checkpoints)
         if resumed:
             engine.load_state(resumed)
         self._save_due = False  # a checkpoint at the next check (a worker left)

@@ -133,3 +133,19 @@ def test_a_synchronous_adamw_checkpoint_keeps_its_state_and_is_refused_without_i
     sgd = Config.of(method="sync").as_dict()
     checkpoint.check_compatible(Checkpoint(theta=theta, clock=9, run_id="s", elapsed_s=0.0,
                                            config=sgd, n_workers=2, momentum=theta), sgd, 2)
+
+
+def test_the_newest_k_are_kept_and_an_abandoned_future_is_dropped(tmp_path):
+    def names() -> list[str]:
+        return sorted(p.name for p in tmp_path.glob("checkpoint_*.h5"))
+
+    theta = np.zeros(N, np.float32)
+    for clock in (10, 20, 30):
+        checkpoint.save(str(tmp_path), Checkpoint(theta=theta, clock=clock, run_id="r",
+                                                  elapsed_s=0.0, config={}, n_workers=1), keep=2)
+    assert names() == [checkpoint.NAME.format(clock=c) for c in (20, 30)]
+    # a resume from clock 20 (30 held a diverging θ) writes 25: 30 is no longer the newest
+    checkpoint.save(str(tmp_path), Checkpoint(theta=theta, clock=25, run_id="r", elapsed_s=0.0,
+                                              config={}, n_workers=1), keep=2)
+    assert names() == [checkpoint.NAME.format(clock=c) for c in (20, 25)]
+    assert checkpoint.latest(str(tmp_path)).endswith(checkpoint.NAME.format(clock=25))
