@@ -64,7 +64,7 @@ def fit(model: str | Callable[[], Any], dataset: str | Callable[[str], Any], *,
     # here, not at the top: `import gem_mpi` stays light (no MPI library, h5py or engine
     # loaded) until a run starts
     from gem_mpi import session
-    from gem_mpi.run.supervisor import EXIT_CODES, say
+    from gem_mpi.run.supervisor import EXIT_CODES, Outcome, say
     from gem_mpi.transport import MASTER, start_mpi
 
     names = {"model": _name(model, "model"), "dataset": _name(dataset, "dataset")}
@@ -77,17 +77,22 @@ def fit(model: str | Callable[[], Any], dataset: str | Callable[[str], Any], *,
     cfg = config.Config.of(**names, **kwargs)
     comm = comm if comm is not None else start_mpi(session.thread_level(cfg))
     rank = comm.Get_rank()
-    error, resumed = session.prepare(cfg, comm)
+    error, resumed, finished = session.prepare(cfg, comm)
     if error is not None:
         if rank == MASTER:
             say(f"error: {error}")
         raise UsageError(error)
     result: dict = {}
-    try:
-        outcome = session.run(cfg, comm, resumed, result)
-    except BaseException as exc:  # a rank failing alone would hang the others: end the job
-        session.abort(comm, exc)
-        raise
+    if finished:  # resumed at a finished run's end: its θ, nothing trained or written
+        outcome = Outcome.FINISHED
+        if resumed is not None:
+            result["theta"] = resumed.theta
+    else:
+        try:
+            outcome = session.run(cfg, comm, resumed, result)
+        except BaseException as exc:  # a rank failing alone would hang the others: end it
+            session.abort(comm, exc)
+            raise
     out = Result(outcome.value, EXIT_CODES[outcome], rank)
     if rank == MASTER and "theta" in result:
         out.theta = result["theta"]

@@ -55,9 +55,10 @@ def thread_level(cfg: config.Config | None) -> str:
 
 
 def prepare(cfg: config.Config, comm: MPI.Intracomm
-            ) -> tuple[str | None, checkpoint.Checkpoint | None]:
-    """Collective: (None, the checkpoint to resume or None) when the run can start, else
-    (the one-line error, None) on every rank."""
+            ) -> tuple[str | None, checkpoint.Checkpoint | None, bool]:
+    """Collective: (None, the checkpoint to resume or None, False) when the run can start,
+    (the one-line error, None, False) when it cannot, and (None, that checkpoint on rank 0, True)
+    when the checkpoint to resume is a finished run's end: there is nothing to do."""
     error, resumed = None, None
     if comm.Get_rank() == MASTER:
         try:
@@ -68,6 +69,9 @@ def prepare(cfg: config.Config, comm: MPI.Intracomm
         preload(cfg.data)  # torch's import, meanwhile: not after rank 0's checks
     soft_barrier(comm)  # the others sleep while rank 0 checks the data
     error = comm.bcast(error, root=MASTER)
+    if error is None and comm.bcast(resumed is not None and resumed.finished, root=MASTER):
+        RUN_LOCKS.release()
+        return None, resumed, True  # the run ended already: a resume adds nothing
     if error is None and not config.synchronous(cfg.method):
         error = window_check(comm)  # a stack that cannot make the windows: one line, exit 2
     if error is None and cfg.optim.worker_mode == config.OVERLAP:
@@ -76,7 +80,7 @@ def prepare(cfg: config.Config, comm: MPI.Intracomm
         error = group_check(comm, cfg.runtime.masters, cfg.runtime.group_size)
     if error is not None:
         RUN_LOCKS.release(refused=True)  # nothing runs: the outputs are as they were
-    return error, resumed
+    return error, resumed, False
 
 
 def _check_on_master(cfg: config.Config, size: int) -> checkpoint.Checkpoint | None:
@@ -116,6 +120,11 @@ def _resume(cfg: config.Config, n_workers: int) -> checkpoint.Checkpoint | None:
         shard_rows = ckpt.rows_shards
         check_resumable(out.metrics, ckpt.run_id, path, ckpt.rows,
                         [] if shard_rows is None else [int(r) for r in shard_rows])
+    if ckpt.finished:
+        say(f"resume: run {ckpt.run_id} finished already ({ckpt.clock} "
+            f"{'steps' if config.synchronous(cfg.method) else 'updates'}, checkpoint {path}): "
+            "nothing to do, nothing written")
+        return ckpt
     ckpt.changes = checkpoint.changes(ckpt, cfg.as_dict())
     if ckpt.n_workers != n_workers:
         ckpt = _deal(cfg, ckpt, n_workers)

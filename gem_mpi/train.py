@@ -35,7 +35,9 @@ def main(argv: list[str]) -> int:
         return 0
     resumed = None
     if error is None:
-        error, resumed = session.prepare(cfg, comm)
+        error, resumed, finished = session.prepare(cfg, comm)
+        if finished:
+            return EXIT_CODES[Outcome.FINISHED]
     if error is not None:
         if rank == MASTER:
             say(f"error: {error}")

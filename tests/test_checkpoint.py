@@ -315,3 +315,16 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused(tmp_path, short_run):
                 timeout=120)
     assert res.returncode == 2
     assert "theta does not match its checksum" in _one_error(res.stderr)
+
+
+def test_resuming_a_finished_run_adds_nothing(tmp_path, short_run):
+    """The end of a run is a checkpoint; --resume auto from it (a requeued job, a launcher's
+    restart, a user) used to evaluate and write a second final row. Now: one line, exit 0,
+    every file as it was."""
+    shutil.copytree(short_run, tmp_path, dirs_exist_ok=True)
+    before = {p.name: _sha(p) for p in tmp_path.iterdir() if p.suffix in (".h5", ".npy")}
+    res = train(WORKERS + 1, *_args(tmp_path, "--max-steps", "200", "--resume", "auto"),
+                timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("finished already") == 1 and "nothing written" in res.stderr
+    assert {p.name: _sha(p) for p in tmp_path.iterdir() if p.suffix in (".h5", ".npy")} == before

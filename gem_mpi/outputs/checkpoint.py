@@ -122,6 +122,7 @@ class Checkpoint:
     shard_tickets: np.ndarray | None = None
     # once the worker count changed: each worker's dealt batches (gem_mpi.problem.elastic)
     data_plan: np.ndarray | None = None
+    finished: int = 0  # 1: written at the end of a finished run, which a resume cannot extend
     path: str = ""  # where it was loaded from (not stored)
     changes: dict[str, list] = field(default_factory=dict)  # what this resume changes
 
@@ -166,6 +167,7 @@ def _write(tmp: str, ckpt: Checkpoint) -> None:
         if ckpt.tickets is not None:
             f.attrs["tickets"] = int(ckpt.tickets)
         f.attrs["elapsed_s"] = float(ckpt.elapsed_s)
+        f.attrs["finished"] = int(ckpt.finished)
         f.attrs["config"] = json.dumps(ckpt.config, sort_keys=True)
 
 
@@ -263,6 +265,7 @@ def load(path: str) -> Checkpoint:
                                  "resume with that one, or start afresh)")
             fields: dict[str, Any] = {k: int(f.attrs[k]) for k in _INTS}
             fields["tickets"] = int(f.attrs["tickets"]) if "tickets" in f.attrs else None
+            fields["finished"] = int(f.attrs.get("finished", 0))
             fields["elapsed_s"] = float(f.attrs["elapsed_s"])
             fields["config"] = json.loads(f.attrs["config"])
             fields["run_id"] = str(f.attrs["run_id"])

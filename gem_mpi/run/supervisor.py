@@ -200,11 +200,13 @@ class Checkpointer:
         self.clock = clock
         self._last = clock()
 
-    def save(self) -> str | None:
-        """Write θ and the run's position (the metrics rows on disk match it exactly)."""
+    def save(self, finished: bool = False) -> str | None:
+        """Write θ and the run's position (the metrics rows on disk match it exactly);
+        ``finished``: the run's last, which a resume must not extend."""
         if not self.directory:
             return None
-        fields: dict[str, Any] = {"config": self.config, "n_workers": self.n_workers}
+        fields: dict[str, Any] = {"config": self.config, "n_workers": self.n_workers,
+                                  "finished": int(finished)}
         for part in self.parts:
             fields.update(part.state())
         path = checkpoint.save(self.directory, checkpoint.Checkpoint(**fields), self.keep)
@@ -487,7 +489,7 @@ class RunSupervisor:
                       "finished": 1.0, "diverged": 0.0, **engine.summary()}
             if self.outputs.save:
                 save_final(self.evaluator.problem.model, engine.theta(), self.outputs.save)
-            self.checkpointer.save()  # the end is a checkpoint too
+            self.checkpointer.save(finished=True)  # the end is a checkpoint too
             self.summary = fields
             if self.metrics is not None:
                 self.metrics.close(fields)
