@@ -361,6 +361,11 @@ class RuntimeConfig:
                            "under mpirun --with-ft ulfm only; an asynchronous method, one "
                            "master, no --group-size)",
                            check=(lambda v: v in WORKER_LOSS, f"one of {', '.join(WORKER_LOSS)}"))
+    interface: str | None = opt(None, "the network interface whose address the sockets of "
+                                "torch.distributed (--method ddp) and gloo listen on across "
+                                "nodes (e.g. ib0, eth1; default: MASTER_ADDR, else the address "
+                                "of rank 0's host name); on one node they listen on loopback "
+                                "alone", metavar="IFACE")
     no_extension: bool = opt(False, "use the numpy reference at the master (and the "
                              "three-pass fold of the GEM workers' momentum) even when the C++ "
                              "extension is built")

@@ -46,6 +46,7 @@ from gem_mpi.run.supervisor import (
     say,
 )
 from gem_mpi.transport import MASTER, MPI, soft_barrier, thread_check, window_check
+from gem_mpi.transport.runtime import node_count
 
 
 def thread_level(cfg: config.Config | None) -> str:
@@ -78,6 +79,10 @@ def prepare(cfg: config.Config, comm: MPI.Intracomm
         error = thread_check(comm)  # a compute thread beside the MPI one
     if error is None and cfg.runtime.group_size > 1:
         error = group_check(comm, cfg.runtime.masters, cfg.runtime.group_size)
+    if error is None and cfg.method == config.DILOCO and node_count(comm) > 1:
+        error = ("--method diloco runs on one node: torchft's lighthouse, stores and managers "
+                 "listen on loopback alone, and its managers would advertise loopback to the "
+                 "other nodes; across nodes use --method ddp or an asynchronous method")
     if error is not None:
         RUN_LOCKS.release(refused=True)  # nothing runs: the outputs are as they were
     return error, resumed, False

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import PROGS, mpirun, quadratic_args, rank_pids, train, train_background
+from helpers import (
+    PROGS,
+    mpirun,
+    quadratic_args,
+    rank_pids,
+    steps_written,
+    train,
+    train_background,
+)
 
 from gem_mpi.outputs.runfile import load_run
 
@@ -172,3 +180,60 @@ def test_the_loss_probe_ends_the_job_on_open_mpi_4():
     """Without ULFM mpirun ends the whole job at the loss, before the survivors are done."""
     res = mpirun(4, [str(PROBE)], timeout=120)
     assert res.returncode != 0 and "finalized" not in res.stdout, res.stdout
+
+
+def _address(hex_addr: str) -> str:
+    """/proc/net/tcp{,6}'s local address (little-endian words) as text."""
+    import ipaddress
+
+    raw = bytes.fromhex(hex_addr)
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = ipaddress.ip_address(raw)
+    return str(ip.ipv4_mapped or ip) if ip.version == 6 else str(ip)
+
+
+def _listening_addresses() -> dict[str, str]:
+    """Inode -> "address:port" of every listening TCP socket (IPv4 and IPv6)."""
+    found = {}
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":
+                hex_addr, hex_port = fields[1].split(":")
+                found[fields[9]] = f"{_address(hex_addr)}:{int(hex_port, 16)}"
+    return found
+
+
+SMALL_CNN = ("--model", "mnist-cnn", "--dataset", "synthetic", "--synthetic-size", "4096",
+             "--batch-size", "16", "--eval-every", "0", "--threads", "1")
+
+
+@pytest.mark.parametrize("method, ranks, extra", [
+    ("ddp", 3, ()), ("sync", 3, ()), ("diloco", 3, ("--diloco-steps", "5")),
+    ("gem", 5, ("--group-size", "2"))])
+def test_every_port_a_method_opens_on_one_node_listens_on_loopback_alone(
+        tmp_path, method, ranks, extra):
+    """torch.distributed's store, gloo, torchft's lighthouse, stores and managers used to
+    listen on every interface (anyone who could reach the node could join or kill a rank
+    over HTTP); on one node every listening socket of the job binds loopback now."""
+    h5 = tmp_path / "run.h5"
+    proc = train_background(ranks, *SMALL_CNN, "--method", method, *extra, "--max-steps",
+                            "100000", "--metrics", str(h5), env={"OMPI_MCA_btl": "self,vader"})
+    try:
+        deadline = time.monotonic() + 120
+        while steps_written(h5) < 2:  # training: every process group and server is up
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        listening = _listening_addresses()
+        opened = {}
+        for rank, pid in rank_pids(proc).items():
+            for inode in _socket_inodes(pid) & listening.keys():
+                opened.setdefault(rank, []).append(listening[inode])
+        wide = {r: a for r, a in opened.items() if any(not x.startswith("127.") for x in a)}
+        assert not wide, f"listening beyond loopback: {wide}"
+        if method != "sync":  # Horovod's MPI controller opens none at all
+            assert opened, "the method opens no socket? then this test sees nothing"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)

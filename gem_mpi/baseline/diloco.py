@@ -19,8 +19,11 @@ synchronous run's; only the exchange is every H steps.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import socket
+from collections.abc import Iterator
 
 from gem_mpi.config import Config
 from gem_mpi.errors import UsageError
@@ -38,6 +41,9 @@ def check_diloco() -> None:
                          f"installs it): {exc}") from None
 
 
+LOOPBACK = "127.0.0.1"
+
+
 def _torchft() -> tuple:
     # torchft's Rust side logs every quorum at INFO to stderr: its warnings only, unless asked
     os.environ.setdefault("RUST_LOG", "warn")
@@ -47,6 +53,49 @@ def _torchft() -> tuple:
     from torchft.local_sgd import DiLoCo
 
     return torchft, Manager, ProcessGroupGloo, LighthouseServer, DiLoCo
+
+
+@contextlib.contextmanager
+def _manager_on_loopback() -> Iterator[None]:
+    """torchft's Manager starts its server on every interface (``bind="[::]:port"``, no
+    option to change it): while one is made, its server class is given the loopback bind.
+    Only ``bind`` changes; the rest goes to torchft's own class as it was."""
+    import torchft.manager as manager_module
+
+    server = manager_module.ManagerServer
+
+    def on_loopback(*args: object, bind: str, **kwargs: object) -> object:
+        return server(*args, bind=f"{LOOPBACK}:{bind.rsplit(':', 1)[1]}", **kwargs)
+
+    manager_module.ManagerServer = on_loopback
+    try:
+        yield
+    finally:
+        manager_module.ManagerServer = server
+
+
+def _no_healing() -> object:
+    """torchft's checkpoint transport for a replica that fell behind, without the HTTP server
+    its default one starts on every interface (serving θ to anyone, and unpickling what it
+    fetches): every worker is in every round's quorum from the same θ₀, so no replica is
+    healed, and a round that would need it fails as any failed round does."""
+    from torchft.checkpointing import CheckpointTransport
+
+    class NoHealing(CheckpointTransport):
+        def metadata(self) -> str:
+            return "gem_mpi: no checkpoint transport"
+
+        def send_checkpoint(self, dst_ranks: list, step: int, state_dict: object,
+                            timeout: object) -> None:
+            raise RuntimeError(f"replicas {dst_ranks} are behind at step {step}: gem_mpi's "
+                               "DiLoCo heals none (every worker is in every round)")
+
+        def recv_checkpoint(self, src_rank: int, metadata: str, step: int,
+                            timeout: object) -> object:
+            raise RuntimeError(f"this replica is behind at step {step}: gem_mpi's DiLoCo "
+                               "heals none (every worker is in every round)")
+
+    return NoHealing()
 
 
 class RoundFailed(RuntimeError):
@@ -70,18 +119,29 @@ class Diloco:
         self.outer_lr, self.outer_momentum = o.diloco_outer_lr, o.diloco_outer_momentum
         n = comm.Get_size()
         timeout = datetime.timedelta(seconds=cfg.monitor.worker_timeout or 1800.0)
-        # rank 0 serves the lighthouse, which forms each round's quorum of all n workers
-        self._lighthouse = (LighthouseServer(bind="[::]:0", min_replicas=n)
+        # Every socket listens on loopback alone (the job is on one node: session's
+        # diloco_check): rank 0 serves the lighthouse, which forms each round's quorum of all
+        # n workers; each worker is a replica group of one rank, with its own store (on a
+        # socket bound once and handed over: no free port found by releasing one) and its
+        # manager; gloo's sockets bind to lo
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        self._lighthouse = (LighthouseServer(bind=f"{LOOPBACK}:0", min_replicas=n)
                             if comm.Get_rank() == ROOT else None)
         address = comm.bcast(self._lighthouse.address() if self._lighthouse else None, root=ROOT)
-        # each worker is a replica group of one rank: its store is its own
-        self._store = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
-        self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout), min_replica_size=n, use_async_quorum=False,
-            load_state_dict=None, state_dict=None, replica_id=f"worker{comm.Get_rank() + 1}",
-            store_addr="127.0.0.1", store_port=self._store.port, rank=0, world_size=1,
-            lighthouse_addr=address, timeout=timeout, quorum_timeout=timeout,
-            connect_timeout=timeout, init_sync=False)  # θ₀ is the same everywhere (--seed)
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind((LOOPBACK, 0))
+        self._listener.listen(128)
+        self._store = TCPStore(LOOPBACK, self._listener.getsockname()[1], 1, True,
+                               wait_for_workers=False, master_listen_fd=self._listener.fileno())
+        with _manager_on_loopback():
+            self.manager = Manager(
+                pg=ProcessGroupGloo(timeout=timeout), min_replica_size=n,
+                use_async_quorum=False, load_state_dict=None, state_dict=None,
+                replica_id=f"worker{comm.Get_rank() + 1}", store_addr=LOOPBACK,
+                store_port=self._store.port, rank=0, world_size=1, lighthouse_addr=address,
+                hostname=LOOPBACK, timeout=timeout, quorum_timeout=timeout,
+                connect_timeout=timeout, init_sync=False,  # θ₀ is the same everywhere
+                checkpoint_transport=_no_healing())
         self._outer = self._diloco = None
         self._k = 0  # inner steps in this round
         self.rounds = 0  # outer steps taken

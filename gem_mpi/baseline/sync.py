@@ -44,7 +44,7 @@ from gem_mpi.run.monitor import LossWatch
 from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
 from gem_mpi.run.supervisor import FINISHED, Outcome, RunSupervisor, StopFlag, Verdict, say
 from gem_mpi.transport import MPI
-from gem_mpi.transport.runtime import node_count, rendezvous
+from gem_mpi.transport.runtime import process_group
 
 ROOT = 0
 _CODE = {outcome: float(i + 1) for i, outcome in enumerate(Outcome)}  # 0: no verdict
@@ -172,9 +172,8 @@ class _Horovod:
 
 class _Ddp:
     """The allreduce on torch.distributed's DistributedDataParallel: a process group over
-    the MPI world's ranks, rendezvous at rank 0's address (MASTER_ADDR if set, else loopback
-    on one node, its host's address across nodes) on a port it finds free, both broadcast
-    over MPI; its timeout is
+    the MPI world's ranks, its store on rank 0 listening on loopback on one node, across
+    nodes on --interface's address (else MASTER_ADDR, else its host's); its timeout is
     --worker-timeout, so a hung rank fails the step as Horovod's stall check does."""
 
     every, outer_state, hint = 1, None, ""
@@ -186,13 +185,9 @@ class _Ddp:
         import torch.distributed as dist
 
         self.dist, self.device = dist, device
-        addr, port = rendezvous(comm, local=node_count(comm) == 1 and
-                                "MASTER_ADDR" not in os.environ)
         backend = "nccl" if device.type == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=cfg.monitor.worker_timeout or 1800.0)
-        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}",
-                                rank=comm.Get_rank(), world_size=comm.Get_size(),
-                                timeout=timeout)
+        process_group(comm, backend, timeout, cfg.runtime.interface)
         self._failure = (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError)
         self.name = f"torch {torch.__version__} DistributedDataParallel ({backend}, average)"
 

@@ -8,8 +8,8 @@ made with the larger batch), and the G gradients are averaged (allreduce) before
 clips them and makes Δθ = −η·g: the Δθ of one worker whose batch is the union, up to the
 order of summation. The collectives are torch.distributed's (gloo on the CPU, NCCL on GPUs,
 gloo again where ranks share a GPU) over a process group of the G ranks, started from the MPI
-world (:func:`rendezvous` on the group's communicator; a group never spans nodes, so
-loopback). When the leader's run ends it sends the members its stop word instead of a step.
+world (:func:`process_group` on the group's communicator; a group never spans nodes, so
+its sockets listen on loopback alone). When the leader's run ends it sends the members its stop word instead of a step.
 
 A member that dies ends the job (MPI's launcher kills it); a member that hangs holds the
 leader in the allreduce, so the master hears nothing from that worker and its watchdog ends
@@ -35,7 +35,7 @@ from gem_mpi.run.rank import (
     worker_data,
 )
 from gem_mpi.transport import MPI
-from gem_mpi.transport.runtime import rendezvous
+from gem_mpi.transport.runtime import process_group
 
 if TYPE_CHECKING:  # torch is imported when a group is made, never on import
     import torch
@@ -56,7 +56,6 @@ class Group:
         self.size, self.member = comm.Get_size(), comm.Get_rank()
         self.leader = self.member == 0
         self.batch = cfg.data.batch_size  # this rank's part of the group's batch
-        addr, port = rendezvous(comm, local=True)  # a group never spans nodes
         # NCCL needs a GPU per rank; ranks sharing one (a one-GPU check) go through gloo,
         # which takes CUDA tensors too
         devices = comm.allgather(str(device))
@@ -64,9 +63,8 @@ class Group:
         backend = "nccl" if device.type == "cuda" and distinct else "gloo"
         # longer than the master's watchdog: a hung member is the master's to report
         timeout = 2 * (cfg.monitor.worker_timeout or 900.0) + 60.0
-        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}",
-                                rank=self.member, world_size=self.size,
-                                timeout=datetime.timedelta(seconds=timeout))
+        # a group never spans nodes: loopback
+        process_group(comm, backend, datetime.timedelta(seconds=timeout), None, local=True)
         self.backend = backend
         self._word = torch.zeros(2, dtype=torch.int64, device=device)
         self.allreduce_s = 0.0  # seconds in the gradient's average (the group's cost)

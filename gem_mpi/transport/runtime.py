@@ -5,6 +5,7 @@ gem_mpi needs."""
 
 from __future__ import annotations
 
+import datetime
 import os
 
 import mpi4py
@@ -97,18 +98,59 @@ def node_count(comm: MPI.Intracomm) -> int:
         node.Free()
 
 
-def rendezvous(comm: MPI.Intracomm, local: bool) -> tuple[str, int]:
-    """Collective: an address and a free port on ``comm``'s rank 0, for a torch.distributed
-    process group over ``comm``'s ranks (``local``: every rank on rank 0's node, so loopback;
-    else ``MASTER_ADDR`` if set, or rank 0's host's address). No launcher of its own needed."""
-    import os
+def interface_address(name: str) -> str:
+    """The IPv4 address of network interface ``name`` (``ip -4 -o addr show``), or a one-line
+    UsageError."""
+    import subprocess
+
+    from gem_mpi.errors import UsageError
+
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", name], capture_output=True,
+                         text=True, check=False).stdout.split()
+    if "inet" not in out:
+        raise UsageError(f"--interface {name}: no such interface with an IPv4 address on "
+                         "this node (ip -4 addr lists them)")
+    return out[out.index("inet") + 1].split("/")[0]
+
+
+def job_address(comm: MPI.Intracomm, interface: str | None) -> tuple[str, str | None]:
+    """Collective: (the address rank 0 listens on and advertises, the interface gloo's own
+    sockets bind to). Every rank on one node: loopback, reachable from the node alone; across
+    nodes: ``--interface``'s, else MASTER_ADDR, else the address of rank 0's host name."""
     import socket
 
-    addr = port = None
+    if node_count(comm) == 1 and interface is None:
+        return "127.0.0.1", "lo"
+    addr = None
     if comm.Get_rank() == 0:
-        addr = "127.0.0.1" if local else (os.environ.get("MASTER_ADDR")
-                                          or socket.gethostbyname(socket.gethostname()))
-        with socket.socket() as probe:  # a free port: bound, read, released
-            probe.bind(("", 0))
-            port = probe.getsockname()[1]
-    return comm.bcast((addr, port), root=0)
+        addr = (interface_address(interface) if interface else os.environ.get("MASTER_ADDR")
+                or socket.gethostbyname(socket.gethostname()))
+    return comm.bcast(addr, root=0), interface
+
+
+def process_group(comm: MPI.Intracomm, backend: str, timeout: datetime.timedelta,
+                  interface: str | None, local: bool = False) -> None:
+    """Collective: a torch.distributed process group over ``comm``'s ranks, its store on rank 0
+    listening on the job's address alone (``job_address``; ``local``: loopback, for ranks
+    known to share a node), on a socket bound once and handed to the store (no free port
+    found by binding and releasing one: another process could take it in between). gloo's
+    own sockets bind to the same interface (GLOO_SOCKET_IFNAME)."""
+    import socket
+
+    import torch.distributed as dist
+
+    addr, ifname = ("127.0.0.1", "lo") if local else job_address(comm, interface)
+    if ifname and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    listener, port = None, None
+    if comm.Get_rank() == 0:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind((addr, 0))
+        listener.listen(max(128, comm.Get_size()))
+        port = listener.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    store = dist.TCPStore(addr, port, comm.Get_size(), comm.Get_rank() == 0, timeout=timeout,
+                          wait_for_workers=False,
+                          master_listen_fd=None if listener is None else listener.fileno())
+    dist.init_process_group(backend, store=store, rank=comm.Get_rank(),
+                            world_size=comm.Get_size(), timeout=timeout)
