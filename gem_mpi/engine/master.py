@@ -8,9 +8,11 @@ rest (metrics, evaluation in a background thread, checkpoints, the stop checks, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -294,7 +296,8 @@ class Master:
         if self.lead is not None:  # the followers end with the same word, once said
             self.lead.send_all(End(SHUTDOWN.get(outcome, ABORTED)))
             self.lead.collect(Bye)
-        missing = self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED), self.exit_timeout)
+        with self._bounded_free(EXIT_CODES[outcome]):
+            missing = self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED), self.exit_timeout)
         if missing:
             code = EXIT_CODES[outcome]
             say(f"error: worker(s) {', '.join(map(str, missing))} did not leave within "
@@ -303,11 +306,32 @@ class Master:
             MPI.COMM_WORLD.Abort(code)
         return outcome
 
+    @contextlib.contextmanager
+    def _bounded_free(self, code: int) -> Iterator[None]:
+        """The shutdown's wait is bounded by --exit-timeout, but the windows' free after it is
+        collective: a worker that hangs between its goodbye and the free (a SIGSTOP, a
+        debugger) would hold rank 0 there forever. Past twice the timeout, a timer ends the
+        job with the run's code; the files are complete by then."""
+        def end() -> None:
+            say(f"error: a worker hung as it left (the windows' free did not complete within "
+                f"2 × --exit-timeout {self.exit_timeout:g} s); the run's files are complete; "
+                f"ending the job with exit code {code}")
+            MPI.COMM_WORLD.Abort(code)
+
+        timer = threading.Timer(2 * self.exit_timeout, end)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
     def _run_follower(self) -> Outcome:
         """A follower's run: its loop, then the lead's word, then the shutdown of its shard."""
         assert self.role is not None, "a follower has its shard"
         outcome = self.sup.run()  # its rows all sent, and its goodbye said
-        missing = self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED), self.exit_timeout)
+        with self._bounded_free(EXIT_CODES[outcome]):
+            missing = self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED), self.exit_timeout)
         if missing:
             say(f"error: worker(s) {', '.join(map(str, missing))} did not leave shard "
                 f"{self.role.shard} within --exit-timeout {self.exit_timeout:g} s: stuck; "

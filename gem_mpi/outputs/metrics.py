@@ -185,6 +185,7 @@ class MetricsWriter:
         self.low_space: str | None = None
         self.closed = False
         self.summary_fields = summary_fields(config["method"])
+        self._space_is_low()  # a disk already nearly full stops the run at its first check
         if resume_rows is not None:
             self._reopen(resume_rows, resume_log, resume_shard_rows or [0] * (masters - 1),
                          n_workers)
