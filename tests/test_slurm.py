@@ -228,8 +228,8 @@ def test_time_limit_checkpoints_requeues_and_resumes(slurm, tmp_path):
     assert "DUE TO TIME LIMIT" not in log
     assert log.count("gem_jobs: SIGUSR1: the time limit is near") == 2
     assert f"requeueing job {job} (restart 1 of at most 1)" in log
-    assert f"resuming {tmp_path}/runs/gem_mnist_100_{job}.ckpt/checkpoint_{first:012d}.h5" \
-           f" at update {first}" in log
+    assert f"from {tmp_path}/runs/gem_mnist_100_{job}.ckpt/checkpoint_{first:012d}.h5" \
+           f" at update {first}" in log and "; resuming run " in log
     assert "not requeued (restart 1, GEM_MAX_RESTARTS=1)" in log
     assert f"GEM_RUN_NAME=gem_mnist_100_{job}" in log and log.rstrip().endswith("exit 3")
     run = load_run(metrics)
@@ -319,7 +319,7 @@ def test_a_killed_rank_ends_the_job_and_resume_auto_finishes(slurm, tmp_path, ra
     [rec] = wait(again, 150, tmp_path)
     log = (tmp_path / f"gem_mnist_100_{again}.out").read_text()
     ended_ok(rec, log)
-    assert f"; resuming {stem}.ckpt/checkpoint_" in log
+    assert "; resuming run " in log and f" from {stem}.ckpt/checkpoint_" in log
     run = load_run(stem.with_suffix(".h5"))
     u = run.updates
     assert_exactly_once(u["worker"], u["seq"], (1, 2), steps)

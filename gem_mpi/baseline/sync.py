@@ -348,7 +348,8 @@ def run_sync(cfg: Config, comm: MPI.Intracomm, problem: Problem, placement: Plac
             f"{trainer.face.name}, {problem.n_params} parameters, "
             f"effective batch {n} × {cfg.data.batch_size}, device {trainer.device}"
             + _rounds_note(cfg, trainer, resumed)
-            + (f"; resuming {resumed.path} at step {start}" if resumed else ""))
+            + (f"; resuming run {resumed.run_id} from {resumed.path} at step {start}"
+               if resumed else ""))
     try:
         outcome = SyncRun(cfg, comm, problem, trainer, stop, resumed, start).run()
         if result is not None and rank == ROOT:

@@ -585,7 +585,7 @@ def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Prob
     say(f"{cfg.method}{adamw} on {cfg.data.model}/{cfg.data.dataset}: {masters} + "
         f"{layout.n_workers} workers, {problem.n_params} parameters, master kernel: "
         f"{kernel.name}; {update_payload(cfg.optim, problem.n_params).wire_note()}"
-        + (f"; resuming {resumed.path} at update {resumed.clock}"
+        + (f"; resuming run {resumed.run_id} from {resumed.path} at update {resumed.clock}"
            + _changes_note(resumed) + _momentum_note(cfg, resumed) if resumed else ""))
     # the evaluation's torch threads: the same cores. The evaluation runs in a background
     # thread every --eval-every updates and time-shares them with the kernel; the kernel's
