@@ -147,7 +147,7 @@ setup(
     ),
     packages=find_packages(include=["gem_mpi", "gem_mpi.*"]),
     python_requires=">=3.11",
-    install_requires=["numpy", "h5py", "mpi4py", "tqdm", "tomli-w"],
+    install_requires=["numpy", "h5py", "mpi4py", "tqdm", "tomli-w", "safetensors"],
     extras_require={"live": ["tensorboard", "wandb"]},  # --tensorboard, --wandb
     ext_modules=[CMakeExtension("gem_mpi.algorithm._core")],
     cmdclass={"build_ext": CMakeBuild, "build_py": CleanBuildPy},

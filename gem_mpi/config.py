@@ -313,7 +313,11 @@ class OutputConfig:
     """Files the run writes and the checkpoint it may continue from."""
 
     metrics: str | None = opt(None, "HDF5 file for the metrics (rank 0 writes it)")
-    save: str | None = opt(None, "save the final model's state_dict here (torch.save)")
+    save: str | None = opt(None, "save the final model's state_dict here (parameters and "
+                           "buffers by name, BatchNorm statistics as evaluated): a name ending "
+                           "in .safetensors as safetensors, the run's id and configuration in "
+                           "its metadata; any other with torch.save (--model quadratic: θ as "
+                           ".npy, or the tensor 'theta' in a .safetensors file)")
     checkpoint_dir: str | None = opt(None, "the master writes checkpoints here (HDF5, "
                                      "atomically; the newest --keep-checkpoints are kept)")
     checkpoint_every: float = opt(300.0, "seconds between checkpoints (0: only when stopped by "

@@ -68,7 +68,7 @@ def test_a_cnn_of_ones_own_on_an_image_folder_from_the_command_line(images, tmp_
         os.environ["IMAGE_DIR"] = str(images)
         from image_cnn import make_model
 
-        make_model().load_state_dict(torch.load(tmp_path / "cnn.pt"))
+        make_model().load_state_dict(torch.load(tmp_path / "cnn.pt", weights_only=True))
     finally:
         sys.path.remove(str(EXAMPLES / "image_cnn"))
 

@@ -24,6 +24,8 @@ from helpers import (
     train,
     train_background,
 )
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.algorithm.stepsize import Schedule
@@ -111,7 +113,7 @@ def test_bf16_autocast_trains_on_the_cpu_and_is_recorded(tmp_path, method, ranks
         loss = run.updates["loss"]
         assert np.all(np.isfinite(loss)) and loss[-10:].mean() < loss[:10].mean()
         assert run.summary["test_accuracy"] > 0.3  # chance: 0.1
-        thetas[amp] = torch.cat([t.flatten() for t in torch.load(out).values()])
+        thetas[amp] = torch.cat([t.flatten() for t in torch.load(out, weights_only=True).values()])
     assert not torch.equal(thetas["off"], thetas["bf16"])
 
 
@@ -132,30 +134,36 @@ def test_an_overlapped_cnn_learns_with_every_part_of_the_loop(tmp_path):
     assert run.summary["test_accuracy"] > 0.6  # chance: 0.1
 
 
-def _bn_run(tmp_path: Path, bn_batches: int) -> tuple[float, Path]:
-    h5, out = tmp_path / f"bn{bn_batches}.h5", tmp_path / f"bn{bn_batches}.pt"
-    cmd = mpirun_cmd(3, ["-m", "gem_mpi.train", "--model", "plugins:bn_cnn", "--loss",
-                         "cross_entropy", "--max-steps", "150", "--eval-every", "0",
-                         "--bn-batches", str(bn_batches), "--metrics", str(h5), "--save",
-                         str(out)])
+def _bn_run(args: list[str], h5: Path) -> float:
+    """The reported test accuracy of a 2-worker run of ``args`` (after python) on the user's
+    BatchNorm CNN, which writes the metrics file ``h5``."""
     env = mpi_env()
     env["PYTHONPATH"] = f"{USER_CODE}{os.pathsep}{env['PYTHONPATH']}"
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env,
-                         cwd=str(REPO), check=False)
+    res = subprocess.run(mpirun_cmd(3, args), capture_output=True, text=True, timeout=300,
+                         env=env, cwd=str(REPO), check=False)
     assert res.returncode == 0, res.stderr
-    return float(load_run(h5).summary["test_accuracy"]), out
+    return float(load_run(h5).summary["test_accuracy"])
 
 
 def test_batchnorm_models_are_evaluated_and_saved_with_trained_statistics(tmp_path):
-    """A BatchNorm CNN on Fashion-MNIST, 2 GEM workers: the reported accuracy is that of the
-    saved model, equals (within noise) the accuracy after recomputing the statistics
-    independently from training data with torch's own update_bn, and is far above what the
-    initial statistics give (--bn-batches 0, the behaviour before)."""
+    """A BatchNorm CNN on Fashion-MNIST, 2 GEM workers, trained by gem_mpi.fit and saved as
+    safetensors: the file holds the model's parameters and buffers by name, loads strictly
+    into the user's model, and carries the run's id and configuration; the reported accuracy
+    is that of the saved model, which is the model fit returned, and equals (within noise)
+    the accuracy after recomputing the statistics independently from training data with
+    torch's own update_bn; it is far above what the initial statistics give (--bn-batches 0,
+    the behaviour before: a command-line run saved with torch.save, its file that run's
+    model too)."""
     sys.path.insert(0, str(USER_CODE))
     from plugins import bn_cnn
 
-    reported, saved = _bn_run(tmp_path, 20)
-    before, _ = _bn_run(tmp_path, 0)
+    h5, saved, returned = tmp_path / "bn.h5", tmp_path / "bn.safetensors", tmp_path / "fit.pt"
+    reported = _bn_run([str(USER_CODE / "fit_bn.py"), str(saved), str(h5), str(returned)], h5)
+    h5_0, saved_0 = tmp_path / "bn0.h5", tmp_path / "bn0.pt"
+    before = _bn_run(["-m", "gem_mpi.train", "--model", "plugins:bn_cnn", "--loss",
+                      "cross_entropy", "--max-steps", "150", "--eval-every", "0",
+                      "--bn-batches", "0", "--metrics", str(h5_0), "--save", str(saved_0)],
+                     h5_0)
     cfg = Config.of(model="plugins:bn_cnn", dataset="fashion-mnist")
     test = evaluation_split(cfg.data)
 
@@ -163,9 +171,24 @@ def test_batchnorm_models_are_evaluated_and_saved_with_trained_statistics(tmp_pa
         batches = iterate_batches(test, 500, 1, 0, shuffle=False, drop_last=False)
         return evaluate(model, batches, torch.device("cpu"))[1]
 
+    tensors = load_file(saved)
     model = bn_cnn()
-    model.load_state_dict(torch.load(saved))
+    assert sorted(tensors) == sorted(model.state_dict())  # parameters and buffers
+    model.load_state_dict(tensors, strict=True)
     assert abs(accuracy(model) - reported) <= 0.002  # the saved model is the evaluated one
+    run = load_run(h5)
+    with safe_open(saved, "pt") as f:
+        meta = f.metadata()
+    assert meta["run_id"] == run.attrs["run_id"] and len(meta["run_id"]) == 32
+    assert json.loads(meta["config"]) == run.config
+    assert run.config["bn_batches"] == 20 and run.config["save"] == str(saved)
+    fitted = torch.load(returned, weights_only=True)  # what gem_mpi.fit returned
+    assert sorted(fitted) == sorted(tensors)
+    for name, t in tensors.items():  # θ alike; statistics from the same batches
+        torch.testing.assert_close(fitted[name], t, msg=name)
+    model_0 = bn_cnn()
+    model_0.load_state_dict(torch.load(saved_0, weights_only=True), strict=True)
+    assert abs(accuracy(model_0) - before) <= 0.002
     train_split = load_split("fashion-mnist", None, "train", "plugins:bn_cnn")
     loader = [x for x, _ in iterate_batches(train_split, 64, 1, seed=12345)][:50]
     torch.optim.swa_utils.update_bn(loader, model)  # other batches, torch's own way
@@ -174,7 +197,7 @@ def test_batchnorm_models_are_evaluated_and_saved_with_trained_statistics(tmp_pa
 
 
 def _theta(path: Path) -> torch.Tensor:
-    return torch.cat([t.flatten().double() for t in torch.load(path).values()])
+    return torch.cat([t.flatten().double() for t in torch.load(path, weights_only=True).values()])
 
 
 def test_clipping_bounds_how_far_a_torch_model_moves(tmp_path):

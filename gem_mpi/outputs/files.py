@@ -44,6 +44,8 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
 def os_reason(exc: BaseException) -> str:
     """The OS's words for a failed write, without HDF5's internals around them."""
     text = str(exc)
+    if "I/O error: " in text:  # Rust's (safetensors): "... I/O error: No space left on device
+        return text.split("I/O error: ", 1)[1].split(" (os error")[0]  # (os error 28)"
     for marker in ("error message = '", "] "):
         if marker in text:
             tail = text.split(marker, 1)[1]

@@ -104,24 +104,84 @@ def load_theta(model: torch.nn.Module, theta: np.ndarray) -> None:
             p.copy_(view)
 
 
-def save_final(model: torch.nn.Module | None, theta: np.ndarray, path: str) -> None:
-    """--save: a torch model's state_dict (θ loaded into it), or θ as .npy for the quadratic;
-    atomically, so a failed write leaves no partial file."""
-    def write(tmp: str) -> None:
+SAFETENSORS = ".safetensors"  # --save's suffix for the safetensors format
+
+
+def is_safetensors(path: str) -> bool:
+    """Whether --save ``path`` is written as safetensors (its suffix, in any case)."""
+    return path.lower().endswith(SAFETENSORS)
+
+
+def save_final(model: torch.nn.Module | None, theta: np.ndarray, path: str,
+               metadata: dict[str, str] | None = None) -> None:
+    """--save: θ loaded into a torch model, whose ``state_dict`` (parameters and buffers, the
+    BatchNorm statistics as last evaluated) is written, or the quadratic's θ; atomically, so a
+    failed write leaves no partial file. The suffix picks the format: ``.safetensors`` the
+    named tensors (the quadratic's one, ``theta``) with ``metadata`` (strings) in the file's
+    header; any other, ``torch.save`` of the ``state_dict``, and for the quadratic numpy's
+    ``.npy``."""
+    if model is not None:
+        load_theta(model, theta)
+    if is_safetensors(path):
+        # "format": the framework the tensors are for, as safetensors' own save_model writes
+        header = {"format": "pt" if model is not None else "np", **(metadata or {})}
         if model is not None:
-            import torch
+            tensors = safetensors_state(model.state_dict(), path)
+        else:
+            flat = np.ascontiguousarray(theta)
 
-            load_theta(model, theta)
-            torch.save(model.state_dict(), tmp)
-        else:  # via memory: numpy's own file write hides the OS error (ENOSPC) in its text
-            import io
+        def write(tmp: str) -> None:
+            from safetensors import SafetensorError
 
-            buf = io.BytesIO()
-            np.save(buf, theta)
-            with open(tmp, "wb") as f:
-                f.write(buf.getbuffer())
+            try:
+                if model is not None:
+                    from safetensors.torch import save_file
+
+                    save_file(tensors, tmp, metadata=header)
+                else:
+                    from safetensors.numpy import save_file as save_numpy
+
+                    save_numpy({"theta": flat}, tmp, metadata=header)
+            except SafetensorError as exc:  # its I/O errors (ENOSPC), as the OS's
+                raise OSError(str(exc)) from None
+    else:
+        def write(tmp: str) -> None:
+            if model is not None:
+                import torch
+
+                torch.save(model.state_dict(), tmp)
+            else:  # via memory: numpy's own file write hides the OS error (ENOSPC) in its text
+                import io
+
+                buf = io.BytesIO()
+                np.save(buf, theta)
+                with open(tmp, "wb") as f:
+                    f.write(buf.getbuffer())
 
     try:
         atomic_write(path, write)
     except (OSError, RuntimeError) as exc:  # torch.save says RuntimeError for ENOSPC
         raise OutputError(f"--save {path!r}: writing failed ({os_reason(exc)})") from None
+
+
+def safetensors_state(state: dict, path: str) -> dict:
+    """A ``state_dict`` as safetensors stores it: every tensor contiguous on the CPU, and one
+    sharing memory with a tensor before it (tied weights) copied, since the format holds no
+    shared tensors; it loads strictly into the model again. A value that is not a tensor
+    (a module's extra state) cannot be stored: an :class:`OutputError` naming it."""
+    import torch
+
+    tensors: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise OutputError(f"--save {path!r}: the model's state_dict holds {name!r}, a "
+                              f"{type(value).__name__}, and safetensors stores tensors only; "
+                              "save to a .pt file")
+        t = value.detach().cpu().contiguous()
+        storage = t.untyped_storage().data_ptr()
+        if storage in storages:
+            t = t.clone()
+        storages.add(storage)
+        tensors[name] = t
+    return tensors

@@ -51,6 +51,7 @@ from gem_mpi.errors import UsageError
 from gem_mpi.methods import RULE_DN, RULE_GAP, RULE_GEM
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.scalars import require
+from gem_mpi.problem import is_safetensors
 from gem_mpi.problem.loss import Loss, make_loss
 from gem_mpi.problem.user import SPLITS, why
 from gem_mpi.problem.user import build_model as build_users_model
@@ -164,6 +165,8 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         _writable_target(out.save, "--save")
         if os.path.isdir(out.save):
             raise UsageError(f"--save {out.save!r} is a directory; name the file to write")
+        if is_safetensors(out.save):
+            require("safetensors", f"--save {out.save}", "safetensors")
     if out.tensorboard:
         _writable_target(out.tensorboard, "--tensorboard")
         require("torch.utils.tensorboard", "--tensorboard", "tensorboard")

@@ -15,6 +15,7 @@ Each ends as one :class:`Outcome`, mapped to the process's exit code by :data:`E
 from __future__ import annotations
 
 import enum
+import json
 import math
 import os
 import signal
@@ -469,6 +470,11 @@ class RunSupervisor:
             self.output_failed(str(exc))
             return Outcome.OUTPUT_FAILED
 
+    def saved_metadata(self) -> dict[str, str]:
+        """What a .safetensors --save holds beside the tensors (strings, as the format wants):
+        the run's id and its effective configuration, as the metrics file records them."""
+        return {"run_id": self.run_id, "config": json.dumps(self.cfg.as_dict(), sort_keys=True)}
+
     def _end(self, verdict: Verdict) -> Outcome:
         outcome = verdict.outcome
         if outcome is Outcome.OUTPUT_FAILED:
@@ -488,7 +494,8 @@ class RunSupervisor:
             fields = {**base, "test_loss": test_loss, "test_accuracy": test_acc,
                       "finished": 1.0, "diverged": 0.0, **engine.summary()}
             if self.outputs.save:
-                save_final(self.evaluator.problem.model, engine.theta(), self.outputs.save)
+                save_final(self.evaluator.problem.model, engine.theta(), self.outputs.save,
+                           self.saved_metadata())
             self.checkpointer.save(finished=True)  # the end is a checkpoint too
             self.summary = fields
             if self.metrics is not None:

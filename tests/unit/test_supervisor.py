@@ -4,6 +4,7 @@ outcome, the checkpoint written or not, the metrics file's summary and the one l
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import h5py
@@ -126,6 +127,19 @@ def test_finished(tmp_path, capsys):
     assert state.clock == 50 == state.rows_updates
     assert np.array_equal(state.theta, engine.theta_)
     assert "gem_mpi: done: 50 fake updates" in capsys.readouterr().err
+
+
+def test_a_safetensors_save_holds_the_final_theta_the_run_id_and_the_config(tmp_path):
+    from safetensors import safe_open
+
+    sup, engine, _ = _run(tmp_path, save=str(tmp_path / "theta.safetensors"))
+    assert sup.run() is Outcome.FINISHED
+    with safe_open(tmp_path / "theta.safetensors", "np") as f:
+        meta = f.metadata()
+        assert np.array_equal(f.get_tensor("theta"), engine.theta_)
+    with h5py.File(tmp_path / "run.h5", "r") as h5:  # as the metrics file records them
+        assert meta["run_id"] == sup.run_id == h5.attrs["run_id"]
+        assert json.loads(meta["config"]) == sup.cfg.as_dict() == json.loads(h5.attrs["config"])
 
 
 def test_stopped_by_a_signal_checkpoints_and_resumes_to_the_same_end(tmp_path, capsys):
