@@ -9,6 +9,7 @@ printing that rank's message once.
 from __future__ import annotations
 
 import sys
+import threading
 
 from gem_mpi import config, session
 from gem_mpi.errors import UsageError
@@ -45,17 +46,35 @@ def main(argv: list[str]) -> int:
     return EXIT_CODES[session.run(cfg, comm, resumed)]
 
 
+def _bounded_exit(code: int, timeout: float) -> None:
+    """MPI_Finalize, at the process's exit, waits for every rank: one hung as it left (a
+    SIGSTOP, a debugger) would hold the others, and mpirun, forever. Past ``timeout``
+    seconds a timer ends the job with the run's code (the run's files are complete)."""
+    def end() -> None:
+        if MPI.COMM_WORLD.Get_rank() == MASTER:
+            say(f"error: the job did not end within {timeout:g} s of the run's end (a rank hung "
+                f"as it left); ending it with exit code {code}")
+        MPI.COMM_WORLD.Abort(code)
+
+    timer = threading.Timer(timeout, end)
+    timer.daemon = True  # a process that exits in time takes it along
+    timer.start()
+
+
 def launch(argv: list[str] | None = None) -> int:
     """main() with the job-wide abort: one message from the failing rank, then MPI_Abort."""
     argv = sys.argv[1:] if argv is None else argv
-    comm = start_mpi(session.thread_level(_parse(argv)[0]))
+    cfg = _parse(argv)[0]
+    comm = start_mpi(session.thread_level(cfg))
     try:
-        return main(argv)
+        code = main(argv)
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001 - anything else must not leave the job hanging
         session.abort(comm, exc)
-    return EXIT_CODES[Outcome.FAILED]
+        return EXIT_CODES[Outcome.FAILED]
+    _bounded_exit(code, 2 * (cfg.monitor.exit_timeout if cfg is not None else 60.0))
+    return code
 
 
 if __name__ == "__main__":
