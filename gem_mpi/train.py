@@ -8,10 +8,13 @@ printing that rank's message once.
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import sys
-import threading
 
 from gem_mpi import config, session
+
+DEVNULL = open(os.devnull, "w")  # noqa: SIM115 - the watchdog's file, open for the process's life
 from gem_mpi.errors import UsageError
 from gem_mpi.run.supervisor import EXIT_CODES, EXIT_USAGE, Outcome, say
 from gem_mpi.transport import MASTER, MPI, start_mpi
@@ -46,19 +49,13 @@ def main(argv: list[str]) -> int:
     return EXIT_CODES[session.run(cfg, comm, resumed)]
 
 
-def _bounded_exit(code: int, timeout: float) -> None:
+def _bounded_exit(timeout: float) -> None:
     """MPI_Finalize, at the process's exit, waits for every rank: one hung as it left (a
-    SIGSTOP, a debugger) would hold the others, and mpirun, forever. Past ``timeout``
-    seconds a timer ends the job with the run's code (the run's files are complete)."""
-    def end() -> None:
-        if MPI.COMM_WORLD.Get_rank() == MASTER:
-            say(f"error: the job did not end within {timeout:g} s of the run's end (a rank hung "
-                f"as it left); ending it with exit code {code}")
-        MPI.COMM_WORLD.Abort(code)
-
-    timer = threading.Timer(timeout, end)
-    timer.daemon = True  # a process that exits in time takes it along
-    timer.start()
+    SIGSTOP, a debugger) would hold the others forever, spinning inside MPI with the GIL
+    held, where no Python timer runs. faulthandler's watchdog is a C thread: past
+    ``timeout`` seconds it ends this process (exit 1), and mpirun the job (the run's files
+    are complete by then)."""
+    faulthandler.dump_traceback_later(timeout, exit=True, file=DEVNULL)
 
 
 def launch(argv: list[str] | None = None) -> int:
@@ -73,7 +70,7 @@ def launch(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # noqa: BLE001 - anything else must not leave the job hanging
         session.abort(comm, exc)
         return EXIT_CODES[Outcome.FAILED]
-    _bounded_exit(code, 2 * (cfg.monitor.exit_timeout if cfg is not None else 60.0))
+    _bounded_exit(2 * (cfg.monitor.exit_timeout if cfg is not None else 60.0))
     return code
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
+import faulthandler
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -60,6 +61,10 @@ from gem_mpi.transport import MPI, Backoff
 from gem_mpi.transport.endpoints import MasterEndpoint
 from gem_mpi.transport.idioms import Orders
 from gem_mpi.transport.link import MessageLink
+
+# where faulthandler's watchdog writes when it ends a rank hung in the windows' free: nowhere
+# (a traceback per thread would bury the run's one line), open for the process's life
+_DEVNULL = open(os.devnull, "w")  # noqa: SIM115
 
 
 @dataclass
@@ -296,7 +301,7 @@ class Master:
         if self.lead is not None:  # the followers end with the same word, once said
             self.lead.send_all(End(SHUTDOWN.get(outcome, ABORTED)))
             self.lead.collect(Bye)
-        with self._bounded_free(EXIT_CODES[outcome]):
+        with self._bounded_free():
             missing = self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED), self.exit_timeout)
         if missing:
             code = EXIT_CODES[outcome]
@@ -307,30 +312,23 @@ class Master:
         return outcome
 
     @contextlib.contextmanager
-    def _bounded_free(self, code: int) -> Iterator[None]:
+    def _bounded_free(self) -> Iterator[None]:
         """The shutdown's wait is bounded by --exit-timeout, but the windows' free after it is
         collective: a worker that hangs between its goodbye and the free (a SIGSTOP, a
-        debugger) would hold rank 0 there forever. Past twice the timeout, a timer ends the
-        job with the run's code; the files are complete by then."""
-        def end() -> None:
-            say(f"error: a worker hung as it left (the windows' free did not complete within "
-                f"2 × --exit-timeout {self.exit_timeout:g} s); the run's files are complete; "
-                f"ending the job with exit code {code}")
-            MPI.COMM_WORLD.Abort(code)
-
-        timer = threading.Timer(2 * self.exit_timeout, end)
-        timer.daemon = True
-        timer.start()
+        debugger) would hold rank 0 there forever, inside MPI with the GIL held, where no
+        Python timer runs. faulthandler's watchdog is a C thread: past twice the timeout it
+        ends rank 0 (exit 1), and mpirun the job; the run's files are complete by then."""
+        faulthandler.dump_traceback_later(2 * self.exit_timeout, exit=True, file=_DEVNULL)
         try:
             yield
         finally:
-            timer.cancel()
+            faulthandler.cancel_dump_traceback_later()
 
     def _run_follower(self) -> Outcome:
         """A follower's run: its loop, then the lead's word, then the shutdown of its shard."""
         assert self.role is not None, "a follower has its shard"
         outcome = self.sup.run()  # its rows all sent, and its goodbye said
-        with self._bounded_free(EXIT_CODES[outcome]):
+        with self._bounded_free():
             missing = self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED), self.exit_timeout)
         if missing:
             say(f"error: worker(s) {', '.join(map(str, missing))} did not leave shard "
