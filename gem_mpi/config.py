@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,6 +99,15 @@ def _float32_positive(v: float) -> bool:
 def _float32_fraction(v: float) -> bool:
     """In [0, 1) once cast to float32: 0.99999999 is 1.0 there, a momentum that never decays."""
     return bool(0 <= v and _float32(v) < 1)
+
+
+def step_range(text: str) -> tuple[int, int] | None:
+    """``A:B`` (--profile-steps) as (A, B), or None unless 0 <= A <= B are whole numbers."""
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        return None
+    return (a, b) if 0 <= a <= b else None
 
 
 POSITIVE: Check = (lambda v: v > 0, "> 0")
@@ -336,6 +346,25 @@ class OutputConfig:
     wandb: str | None = opt(None, "log the same scalars to this Weights & Biases project "
                             "(the run's id is W&B's run id, so a resume continues it; "
                             "WANDB_MODE=offline keeps it on disk)", metavar="PROJECT")
+    profile_steps: str | None = opt(None, "write a torch.profiler trace (Chrome trace JSON, "
+                                    "for TensorBoard and Perfetto) of each rank's steps A to B, "
+                                    "both included, counted from 0 at this start of the run "
+                                    "(a worker's updates, a synchronous worker's steps, the "
+                                    "master's applied batches): rank<r>.pt.trace.json in "
+                                    "--profile-dir; torch models only",
+                                    check=(lambda v: v is None or step_range(v) is not None,
+                                           "A:B, step numbers 0 <= A <= B, e.g. 5:8"),
+                                    metavar="A:B")
+    profile_dir: str | None = opt(None, "the folder of the --profile-steps traces, made if "
+                                  "missing (None: the --metrics path less its suffix, plus "
+                                  "_profile: run.h5 gives run_profile)", metavar="DIR")
+
+    @property
+    def trace_dir(self) -> str | None:
+        """Where the --profile-steps traces go: --profile-dir, else beside --metrics."""
+        if self.profile_dir or not self.metrics:
+            return self.profile_dir
+        return os.path.splitext(self.metrics)[0] + "_profile"
 
 
 @dataclass(frozen=True)

@@ -220,11 +220,15 @@ def test_clipping_bounds_how_far_a_torch_model_moves(tmp_path):
 
 def test_sync_follows_the_schedule(tmp_path):
     """Synchronous SGD with η times 1e-6 after its first step: θ after 12 steps is θ after
-    the first one (momentum aside, which the tiny η multiplies too); constant η moves on."""
+    the first one (momentum aside, which the tiny η multiplies too); constant η moves on.
+    The constant run also traces its steps 10 and 11 (--profile-steps: the synchronous loop's
+    ticks; the asynchronous ones' below)."""
     thetas = {}
+    traces = tmp_path / "traces"
     for name, steps, extra in (("one", 1, ()), ("step", 12, ("--lr-schedule", "step",
                                "--lr-step-every", "1", "--lr-gamma", "1e-6")),
-                               ("constant", 12, ())):
+                               ("constant", 12, ("--profile-steps", "10:11", "--profile-dir",
+                                                 str(traces)))):
         out = tmp_path / f"{name}.pt"
         res = train(2, *FASHION, "--method", "sync", "--max-steps", str(steps), *extra,
                     "--save", str(out), timeout=300)
@@ -232,3 +236,40 @@ def test_sync_follows_the_schedule(tmp_path):
         thetas[name] = _theta(out)
     assert float((thetas["step"] - thetas["one"]).norm()) < 1e-4
     assert float((thetas["constant"] - thetas["one"]).norm()) > 1e-2
+    for rank in (0, 1):
+        names = _trace_names(traces / f"rank{rank}.pt.trace.json")
+        assert _profiler_steps(names) == [10, 11]
+        assert {"aten::conv2d", "aten::addmm", "gem_mpi.exchange"} <= names
+
+
+def _trace_names(path: Path) -> set[str]:
+    """The names of a Chrome trace's events (the file must be valid JSON)."""
+    return {e["name"] for e in json.loads(path.read_text())["traceEvents"] if "name" in e}
+
+
+def _profiler_steps(names: set[str]) -> list[int]:
+    return sorted(int(n.split("#")[1]) for n in names if n.startswith("ProfilerStep#"))
+
+
+def test_profile_steps_traces_each_ranks_steps(tmp_path):
+    """--profile-steps 5:8, 1 master and 2 GEM workers on a CNN: each rank writes one trace,
+    named by its rank, into <metrics>_profile beside --metrics, Chrome trace JSON that holds
+    steps 5 to 8 and no other: the workers' convolutions and matrix products, the master's
+    applied batches and its kernel; and kineto says nothing on stderr."""
+    h5 = tmp_path / "run.h5"
+    res = train(3, "--model", "mnist-cnn", "--dataset", "synthetic", "--synthetic-size", "512",
+                "--batch-size", "16", "--max-steps", "12", "--eval-every", "0",
+                "--profile-steps", "5:8", "--metrics", str(h5), timeout=300)
+    assert res.returncode == 0, res.stderr
+    folder = tmp_path / "run_profile"
+    assert sorted(p.name for p in folder.iterdir()) == [f"rank{r}.pt.trace.json"
+                                                        for r in range(3)]
+    for rank in range(3):
+        names = _trace_names(folder / f"rank{rank}.pt.trace.json")
+        assert _profiler_steps(names) == [5, 6, 7, 8], rank
+        if rank == 0:
+            assert {"gem_mpi.apply", "gem_mpi.kernel", "gem_mpi.record"} <= names
+        else:
+            assert {"aten::conv2d", "aten::addmm", "gem_mpi.compute",
+                    "gem_mpi.payload"} <= names
+    assert "USDT" not in res.stderr and "profiler_start" not in res.stderr

@@ -41,6 +41,7 @@ from gem_mpi.outputs.checkpoint import Checkpoint
 from gem_mpi.problem import Problem, build_problem, flatten, load_theta
 from gem_mpi.run.local_step import LocalStep
 from gem_mpi.run.monitor import LossWatch
+from gem_mpi.run.profiler import StepProfiler
 from gem_mpi.run.rank import Placement, data_stream, seed_dropout, slowness, torch_device
 from gem_mpi.run.supervisor import FINISHED, Outcome, RunSupervisor, StopFlag, Verdict, say
 from gem_mpi.transport import MPI
@@ -397,6 +398,7 @@ class SyncRun:
         self.sup: RunSupervisor | None = None
         # every rank watches the same losses alike: rank 0's supervisor watches with it
         self.losses = LossWatch(cfg.monitor.divergence_factor)
+        self.profiler = StepProfiler(cfg.outputs, trainer.device.type == "cuda")
         if self.root:
             # the evaluator loads θ snapshots into a model of its own, apart from the trained
             # one; a stuck rank is Horovod's stall check's to find (see SyncTrainer)
@@ -425,9 +427,10 @@ class SyncRun:
         self.step = int(ckpt.clock)  # θ and the optimizer: run_sync gave them to the trainer
 
     def run(self) -> Outcome:
-        if self.sup is None:
-            return self.loop().outcome
-        return self.sup.run()
+        with self.profiler:  # --profile-steps: a tick at the end of each step
+            if self.sup is None:
+                return self.loop().outcome
+            return self.sup.run()
 
     def loop(self) -> Verdict:
         """Every rank steps, and every ``trainer.every`` steps (1: each step) the ranks
@@ -441,10 +444,14 @@ class SyncRun:
         while self.step < trainer.steps:
             for k in range(h):
                 mine[k], mine[h + k], waits[k] = self._step(self.step + k)
+                if k < h - 1:
+                    self.profiler.tick()  # DiLoCo: a round's inner step
             mine[2 * h:] = (1.0 if self.stop else 0.0,
                             _CODE[verdict.outcome] if verdict is not None else 0.0)
-            comm.Allgather(mine, rows)
+            with self.profiler.range("gem_mpi.exchange"):
+                comm.Allgather(mine, rows)
             self._take(rows, waits)
+            self.profiler.tick()
             ruled = _OUTCOME.get(int(rows[ROOT, -1]))
             if ruled is not None and ruled is not Outcome.STOPPED:
                 return self._end(verdict if verdict is not None else Verdict(ruled))

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from gem_mpi.config import Config
 from gem_mpi.problem import Problem
 from gem_mpi.run.local_step import LocalStep
+from gem_mpi.run.profiler import StepProfiler
 from gem_mpi.run.rank import (
     Placement,
     data_stream,
@@ -145,6 +146,8 @@ def run_member(cfg: Config, group: Group, problem: Problem, placement: Placement
     # dropout masks of its own: a number no worker of the run has, fixed per (group, member)
     masks = n_workers * group.member + worker
     expect = start_seq
+    profiler = StepProfiler(cfg.outputs, device.type == "cuda")  # --profile-steps
+    profiler.start()
     try:
         while True:
             seq, code = group.next_step(flat)
@@ -165,5 +168,7 @@ def run_member(cfg: Config, group: Group, problem: Problem, placement: Placement
             grad.zero_()
             local.forward_backward(x, y)
             group.average(grad)
+            profiler.tick()  # its step ends, as its leader's does
     finally:
+        profiler.close()
         batches.close()

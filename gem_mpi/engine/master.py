@@ -48,6 +48,7 @@ from gem_mpi.protocol import (
     update_payload,
 )
 from gem_mpi.run.departures import Departures
+from gem_mpi.run.profiler import StepProfiler
 from gem_mpi.run.rank import Placement, RankPlace, placement_line, plans_now
 from gem_mpi.run.supervisor import (
     EXIT_CODES,
@@ -155,6 +156,8 @@ class Master:
         self.eval_threads = eval_threads  # the evaluation's torch threads (the lead's)
         self.lead: Lead | None = None  # rank 0 of a sharded run: its side of the followers
         self.clock0 = 0  # where this run (or this resume of it) started
+        # --profile-steps: the serving loop's batches are its steps
+        self.profiler = StepProfiler(cfg.outputs)
 
     def attach(self, sup: Supervisor, lead: Lead | None = None) -> None:
         """The supervisor this master reports to and asks between batches: the run's (rank
@@ -288,7 +291,8 @@ class Master:
         end the job within --exit-timeout seconds whatever they do."""
         if self.role is not None and self.role.shard > 0:
             return self._run_follower()
-        outcome = self.sup.run()
+        with self.profiler:
+            outcome = self.sup.run()
         if outcome is Outcome.STUCK:  # checkpointed and said: a stuck rank would never
             MPI.COMM_WORLD.Abort(EXIT_CODES[outcome])  # take part in freeing the windows
             return outcome
@@ -327,7 +331,8 @@ class Master:
     def _run_follower(self) -> Outcome:
         """A follower's run: its loop, then the lead's word, then the shutdown of its shard."""
         assert self.role is not None, "a follower has its shard"
-        outcome = self.sup.run()  # its rows all sent, and its goodbye said
+        with self.profiler:
+            outcome = self.sup.run()  # its rows all sent, and its goodbye said
         with self._bounded_free():
             missing = self.ep.shutdown(SHUTDOWN.get(outcome, ABORTED), self.exit_timeout)
         if missing:
@@ -377,10 +382,13 @@ class Master:
                 continue
             self.timers["mpi"] += clock_fn() - t
             backoff.reset()
-            batch = self._apply(ready)
+            with self.profiler.range("gem_mpi.apply"):
+                batch = self._apply(ready)
             t = clock_fn()
-            self._record(batch, len(ready))
+            with self.profiler.range("gem_mpi.record"):
+                self._record(batch, len(ready))
             self.timers["metrics"] += clock_fn() - t
+            self.profiler.tick()
             next_check = 0.0
         if self.lead is not None:  # the run's θ is final once every shard applied all
             t = clock_fn()
@@ -414,7 +422,8 @@ class Master:
                 continue
             staleness = self.clock - msg.version
             t = clock_fn()
-            ok, stats = self.rule.apply(self.ep.theta, msg.payload, staleness, self.clock)
+            with self.profiler.range("gem_mpi.kernel"):
+                ok, stats = self.rule.apply(self.ep.theta, msg.payload, staleness, self.clock)
             apply_s = clock_fn() - t
             apply_total += apply_s
             batch.append(Applied(msg.rank, msg.seq, msg.ticket, msg.version, msg.loss,

@@ -33,6 +33,7 @@ from gem_mpi.engine.worker_step import WorkerStep
 from gem_mpi.outputs import checkpoint
 from gem_mpi.problem import Problem
 from gem_mpi.protocol import DONE, FINISHED, LEFT, STOPPED
+from gem_mpi.run.profiler import StepProfiler
 from gem_mpi.run.rank import Placement, slowness
 from gem_mpi.transport import MPI
 from gem_mpi.transport.endpoints import WorkerShards
@@ -71,7 +72,8 @@ def _set_up(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
               f"{steps_fn.device}", file=sys.stderr, flush=True)
     return WorkerStep(cfg, rank, steps_fn, ep, rule,
                        plan.poison_all if plan.masters > 1 else None,
-                       slowness(cfg, comm.Get_size(), rank))
+                       slowness(cfg, comm.Get_size(), rank),
+                       StepProfiler(cfg.outputs, getattr(steps_fn.device, "type", "") == "cuda"))
 
 
 DEPARTED = -1  # run_worker's own code for a worker that left the run (never a stop word)
@@ -157,10 +159,12 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, shards_plan: Plan, problem: Pro
     code = 0
     try:
         start = start_seq
+        w.profiler.start()  # --profile-steps: its steps, from the first pull to its sign-off
         while not code:
             version = w.ep.pull()
             w.split.charge("pull")
             stopped, version = order(w, start, version)
+            w.profiler.close()
             if stopped:
                 code = w.ep.stop_code()
             elif w.left_at is None:  # its plan trained: done, or dealt more batches
@@ -174,6 +178,7 @@ def run_worker(cfg: Config, comm: MPI.Intracomm, shards_plan: Plan, problem: Pro
             if w.left_at is not None:
                 code = _leave(w, version, run_id)
     finally:  # however the loop ended: no loader process outlives it
+        w.profiler.close()
         w.steps_fn.close()
     if code == DEPARTED:  # it left the live run: exit 0 whatever the others do
         w.ep.close()

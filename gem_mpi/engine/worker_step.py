@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 
 from gem_mpi.algorithm.rule import WorkerRule
-from gem_mpi.config import OVERLAP, Config
+from gem_mpi.config import OVERLAP, Config, OutputConfig
 from gem_mpi.engine.steps import Steps
 from gem_mpi.protocol import WORKER_TIME_COLUMNS
+from gem_mpi.run.profiler import StepProfiler
 from gem_mpi.transport.endpoints import WorkerShards
 
 
@@ -71,6 +72,8 @@ class WorkerStep:
     rule: WorkerRule
     poison_all: Callable[[tuple[np.ndarray, ...]], None] | None
     slow_factor: float
+    # --profile-steps: started around the loop, ticked by report() (default: profiles nothing)
+    profiler: StepProfiler = field(default_factory=lambda: StepProfiler(OutputConfig()))
     leaving: Callable[[], bool] = lambda: False  # SIGTERM reached this worker: leave the run
     split: TimeSplit = field(default_factory=TimeSplit)
     left_at: int | None = None  # its updates when it left (all committed)
@@ -94,7 +97,8 @@ class WorkerStep:
     def compute(self, seq: int) -> tuple[np.ndarray, float, float]:
         """Δθ and the loss of step ``seq`` at the θ in hand, and its compute seconds (times
         the --straggler factor, slept here)."""
-        delta, loss = self.steps_fn(self.ep.theta, seq)
+        with self.profiler.range("gem_mpi.compute"):
+            delta, loss = self.steps_fn(self.ep.theta, seq)
         assert delta is not None, "only --worker-mode overlap defers Δθ (its own step())"
         compute_s = self.split.charge("compute")  # θ into the model, forward, backward, Δθ
         compute_s = self.straggle(compute_s)
@@ -112,7 +116,8 @@ class WorkerStep:
         """Step ``seq`` at ``theta``, on the compute thread (--worker-mode overlap): no MPI,
         no time split (the thread that calls MPI keeps it)."""
         t = time.perf_counter()
-        delta, loss = self.steps_fn(theta, seq)  # Δθ None: settle() makes it
+        with self.profiler.range("gem_mpi.compute"):
+            delta, loss = self.steps_fn(theta, seq)  # Δθ None: settle() makes it
         on_device = self.steps_fn.delta_on_device
         return Step(delta, on_device, loss, self.straggle(time.perf_counter() - t))
 
@@ -123,13 +128,17 @@ class WorkerStep:
         ``delta_on_device``: the step's Δθ where m lives (default: the last step's)."""
         if delta_on_device is None:
             delta_on_device = self.steps_fn.delta_on_device
-        parts = self.rule.payload(delta, s, delta_on_device, self.steps_fn.host)
+        with self.profiler.range("gem_mpi.payload"):
+            parts = self.rule.payload(delta, s, delta_on_device, self.steps_fn.host)
         if self.poison_all is not None:
             self.poison_all(parts)
         self.split.charge("payload")
         return parts
 
     def report(self, seq: int, loss: float) -> None:
+        """Step ``seq`` is committed, whatever the order: the profiler's step ends, and
+        --verbose's line is due every 100 steps."""
+        self.profiler.tick()
         if self.cfg.monitor.verbose and (seq + 1) % 100 == 0:
             print(f"gem_mpi: worker {self.rank}: step {seq + 1}/{self.steps_fn.steps} loss "
                   f"{loss:.4f} waited {self.split.columns['wait']:.1f} s", file=sys.stderr,

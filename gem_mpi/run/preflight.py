@@ -44,6 +44,7 @@ from gem_mpi.config import (
     is_plugin,
     n_workers,
     speeds,
+    step_range,
     straggler,
     synchronous,
 )
@@ -186,6 +187,7 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
     if out.resume == "auto" and not out.checkpoint_dir:
         raise UsageError("--resume auto needs --checkpoint-dir")
     _check_paths_apart(out)
+    _check_profile(cfg)
     _check_threads(cfg.runtime.threads)
     _check_loader_workers(cfg.data)
     if model == QUADRATIC:
@@ -313,6 +315,31 @@ def _check_paths_apart(out: OutputConfig) -> None:
                     raise UsageError(f"{flag} {path!r} has the name of a checkpoint file "
                                      f"({pattern}) in --checkpoint-dir: the checkpoints "
                                      "would delete or overwrite it; choose another name")
+
+
+def _check_profile(cfg: Config) -> None:
+    """--profile-steps: a torch model, and a folder for the traces that can be made."""
+    out = cfg.outputs
+    if not out.profile_steps:
+        if out.profile_dir:
+            raise UsageError(f"--profile-dir {out.profile_dir!r} is for --profile-steps A:B: "
+                             "no trace is asked for")
+        return
+    if cfg.data.model == QUADRATIC:
+        raise UsageError(f"--profile-steps {out.profile_steps} traces torch's operators: "
+                         "--model quadratic computes in numpy")
+    folder = out.trace_dir
+    if folder is None:
+        raise UsageError(f"--profile-steps {out.profile_steps} needs a folder for its traces: "
+                         "give --profile-dir DIR, or --metrics PATH (the traces then go to "
+                         "PATH less its suffix, plus _profile)")
+    flag = "--profile-dir" if out.profile_dir else "--profile-steps (beside --metrics)"
+    if not os.path.exists(folder):
+        _writable_target(folder, flag)
+    elif not os.path.isdir(folder):
+        raise UsageError(f"{flag} {folder!r} is not a directory")
+    elif not os.access(folder, os.W_OK):
+        raise UsageError(f"{flag} {folder!r} is not writable")
 
 
 def _check_threads(threads: int) -> None:
@@ -479,8 +506,9 @@ def _check_step_options(cfg: Config) -> None:
 
 
 def _check_schedule(cfg: Config, steps: int) -> None:
-    """A warm-up, a cosine or a DiLoCo round that does not fit in a worker's ``steps`` steps
-    would end before the run does, or never finish: one line instead."""
+    """A warm-up, a cosine, a DiLoCo round or a --profile-steps range that does not fit in a
+    worker's ``steps`` steps would end before the run does, or never finish: one line
+    instead."""
     optim, h = cfg.optim, cfg.diloco.diloco_steps
     if optim.warmup_steps and optim.warmup_steps >= steps:
         raise UsageError(f"--warmup-steps {optim.warmup_steps} is as long as the run or longer: "
@@ -495,3 +523,8 @@ def _check_schedule(cfg: Config, steps: int) -> None:
     if optim.lr_schedule == COSINE and decay and decay < steps:
         raise UsageError(f"--lr-decay-steps {decay} ends the schedule before the run: each "
                          f"worker takes {steps} steps (0: the cosine spans them)")
+    traced = step_range(cfg.outputs.profile_steps) if cfg.outputs.profile_steps else None
+    taken = steps - steps % h if optim.method == DILOCO else steps  # whole rounds
+    if traced is not None and traced[1] >= taken:
+        raise UsageError(f"--profile-steps {cfg.outputs.profile_steps} ends after the run: "
+                         f"each worker takes {taken} steps, 0 to {taken - 1}")

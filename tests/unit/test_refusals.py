@@ -15,6 +15,9 @@ from gem_mpi.run.preflight import validate
 
 USER_CODE = Path(__file__).resolve().parents[1] / "user_code"
 QUADRATIC = ("--model", "quadratic", "--dataset", "synthetic")
+# a CNN on synthetic data, 12 steps a worker, its metrics (and so its traces) in the cwd
+SMALL = ("--dataset", "synthetic", "--synthetic-size", "512", "--batch-size", "16",
+         "--max-steps", "12", "--metrics", "run.h5")
 
 
 @pytest.mark.parametrize("ranks, argv, says", [
@@ -67,6 +70,18 @@ QUADRATIC = ("--model", "quadratic", "--dataset", "synthetic")
     (3, ("--group-size", "2", "--model", "plugins:mlp", "--dataset", "plugins:blobs",
          "--loss", "cross_entropy", "--batch-size", "400"),
      "--batch-size 400 × --group-size 2 exceeds the 600 training samples"),
+    (3, ("--profile-steps", "5:2", *SMALL), "--profile-steps must be A:B, step numbers 0 <= A"),
+    (3, ("--profile-steps", "x", *SMALL), "--profile-steps must be A:B"),
+    (3, ("--profile-steps=-1:3", *SMALL), "--profile-steps must be A:B"),
+    (3, ("--profile-steps", "5:8", "--dataset", "synthetic"), "give --profile-dir DIR"),
+    (3, ("--profile-dir", "traces", *SMALL), "--profile-dir 'traces' is for --profile-steps"),
+    (3, ("--profile-steps", "2:4", *QUADRATIC, "--metrics", "q.h5"),
+     "--model quadratic computes in numpy"),
+    (3, ("--profile-steps", "5:12", *SMALL), "ends after the run: each worker takes 12 steps"),
+    (2, ("--profile-steps", "5:10", "--method", "diloco", "--diloco-steps", "5", *SMALL),
+     "each worker takes 10 steps, 0 to 9"),
+    (3, ("--profile-steps", "1:2", *SMALL, "--profile-dir", str(USER_CODE / "plugins.py")),
+     "is not a directory"),
 ])
 def test_bad_input_is_one_line_from_the_preflight(monkeypatch, ranks, argv, says):
     monkeypatch.syspath_prepend(str(USER_CODE))
