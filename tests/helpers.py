@@ -95,18 +95,9 @@ def kill_rank_when(proc: subprocess.Popen, ready: Callable[[], bool], rank: int)
 
 def rank_pids(proc: subprocess.Popen) -> dict[int, int]:
     """MPI rank -> pid of the ranks a background mpirun started (from their environment)."""
-    out = {}
-    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True,
-                              check=False).stdout.split()
-    for pid in map(int, children):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for item in environ:
-            if item.startswith(b"OMPI_COMM_WORLD_RANK="):
-                out[int(item.split(b"=")[1])] = pid
-    return out
+    from gem_mpi.chaos import rank_pids as of_mpirun
+
+    return of_mpirun(proc.pid)
 
 QUADRATIC = ("--model", "quadratic", "--dataset", "synthetic")
 
