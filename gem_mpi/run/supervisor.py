@@ -281,7 +281,8 @@ class RunSupervisor:
                     cfg.optim, problem.n_params).wire_bytes,
             )
         # the samples (text: and tokens) an update or a step trains on, and their FLOPs
-        self.throughput: Throughput = measure(cfg, n_workers, eval_problem or problem)
+        self.throughput: Throughput = measure(cfg, n_workers, eval_problem or problem,
+                                              getattr(self.evaluator, "split", None))
         if self.throughput.note:
             say(self.throughput.note)
         self.tokens_per = self.throughput.samples * self.throughput.tokens

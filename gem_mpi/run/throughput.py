@@ -103,9 +103,10 @@ class Throughput:
         return ", ".join(words)
 
 
-def measure(cfg: Config, n_workers: int, problem: Problem) -> Throughput:
+def measure(cfg: Config, n_workers: int, problem: Problem, split: Any = None) -> Throughput:
     """The run's :class:`Throughput`: its samples per update or step from the options, and,
-    for a torch model, its FLOPs per sample counted once on one training batch."""
+    for a torch model, its FLOPs per sample counted once on two samples of ``split`` (the
+    evaluation's, which rank 0 holds already: no training set loaded for it)."""
     d = cfg.data
     samples = d.batch_size * (n_workers if synchronous(cfg.method)
                               else cfg.runtime.group_size * cfg.optim.local_steps)
@@ -113,10 +114,10 @@ def measure(cfg: Config, n_workers: int, problem: Problem) -> Throughput:
     flops = peak = 0.0
     note = ""
     if problem.model is not None and problem.loss is not None:
-        from gem_mpi.problem.datasets import statistics_batches
+        from gem_mpi.problem.batches import iterate_batches
 
         try:
-            batch = next(iter(statistics_batches(d, 1)))
+            batch = next(iter(iterate_batches(split, 2, 1, 0, shuffle=False, drop_last=False)))
             flops = flops_per_sample(problem.model, batch, problem.loss.mean)
         except Exception as exc:  # noqa: BLE001 - a model torch's counter cannot follow
             note = (f"the model's FLOPs could not be counted ({type(exc).__name__}: {exc}): "
