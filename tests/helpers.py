@@ -93,6 +93,32 @@ def kill_rank_when(proc: subprocess.Popen, ready: Callable[[], bool], rank: int)
     return proc.returncode
 
 
+def kill_job(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGKILL every process of a background job and return once none of them runs: mpirun
+    dies first, its ranks a moment later, and only then are their file locks free."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while _live_members(proc.pid):
+        assert time.monotonic() < deadline, f"processes of job {proc.pid} outlived SIGKILL"
+        time.sleep(0.05)
+
+
+def _live_members(pgid: int) -> list[int]:
+    """Pids of process group ``pgid`` that are not yet zombies (a zombie holds no file)."""
+    live = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(entry.name))
+    return live
+
+
 def rank_pids(proc: subprocess.Popen) -> dict[int, int]:
     """MPI rank -> pid of the ranks a background mpirun started (from their environment)."""
     from gem_mpi.chaos import rank_pids as of_mpirun

@@ -11,6 +11,7 @@ import pytest
 from helpers import (
     PROGS,
     checkpoint_after_start,
+    kill_job,
     mpirun,
     quadratic_args,
     train,
@@ -52,8 +53,7 @@ def test_a_second_run_on_a_live_run_s_files_is_refused_and_a_killed_run_frees_th
             codes.unlink()
         assert not list(other.iterdir())  # the refused run wrote nothing, not even a lock
         assert a.poll() is None  # the live run goes on
-        os.killpg(a.pid, signal.SIGKILL)  # a killed run: its locks die with it
-        a.wait(timeout=30)
+        kill_job(a)  # a killed run: its locks die with it
     finally:
         if a.poll() is None:
             os.killpg(a.pid, signal.SIGKILL)
