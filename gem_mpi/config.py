@@ -119,6 +119,8 @@ SEED_MAX = 2**63 - 1  # numpy takes no negative seed, torch none beyond 64 bits
 # would sleep through the master's answers (and a stop) for minutes; time.sleep overflows
 POLL_MAX_MS = 1000.0
 LOG_EVERY_MIN = 0.1  # seconds: below this the progress lines flood the job's log
+FLOPS_AUTO, FLOPS_ON, FLOPS_OFF = "auto", "on", "off"  # --flops: when rank 0 counts FLOPs
+FLOPS_MODES = (FLOPS_AUTO, FLOPS_ON, FLOPS_OFF)
 STRAGGLER_MAX = 1000.0  # a larger factor sleeps past --worker-timeout, or overflows sleep()
 
 
@@ -300,6 +302,12 @@ class MonitorConfig:
                                    "exceeds this many times its lowest value so far (judged "
                                    "after its first 20 losses, counted as at least a thousandth "
                                    "of its first), or turns NaN/Inf, or θ does", check=(lambda v: v > 1, "> 1"))
+    flops: str = opt(FLOPS_AUTO, "count the model's FLOPs per sample once at the start (torch's "
+                     "FlopCounterMode on two samples: about a second of rank 0's CPU) for "
+                     "model FLOP/s and MFU: 'auto' where the workers' GPU has a known peak, "
+                     "so that MFU means something; 'on' also on the CPU (GFLOP/s); 'off' "
+                     "never", check=(lambda v: v in FLOPS_MODES,
+                                     f"one of {', '.join(FLOPS_MODES)}"))
     min_free_mb: float = opt(64.0, "stop the run cleanly (exit 5, after a checkpoint) when the "
                              "metrics file's file system has less than this many MB free, "
                              "before a full disk can damage the file (0: no check)",

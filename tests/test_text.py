@@ -23,7 +23,8 @@ def test_gpt_learns_python_with_adamw_gem_workers(tmp_path):
     and the metrics count the bytes trained on."""
     h5 = tmp_path / "run.h5"
     res = train(3, *TINY, "--optimizer", "adamw", "--lr", "0.003", "--batch-size", "16",
-                "--max-steps", "60", "--metrics", str(h5), "--log-every", "0.1", timeout=300)
+                "--max-steps", "60", "--metrics", str(h5), "--log-every", "0.1", "--flops", "on",
+                timeout=300)
     assert res.returncode == 0, res.stderr
     assert "gem (AdamW workers) on gpt/text" in res.stderr
     assert " tok/s, " in res.stderr and "samples/s (" in res.stderr  # the progress lines

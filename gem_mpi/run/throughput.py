@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gem_mpi.config import TEXT, Config, synchronous
+from gem_mpi.config import FLOPS_OFF, FLOPS_ON, TEXT, Config, synchronous
 from gem_mpi.problem import Problem
 
 # bf16 dense peak FLOP/s of one device, by a substring of its name (the first that matches,
@@ -113,14 +113,17 @@ def measure(cfg: Config, n_workers: int, problem: Problem, split: Any = None) ->
     tokens = d.context if d.dataset == TEXT else 0
     flops = peak = 0.0
     note = ""
-    if problem.model is not None and problem.loss is not None:
-        from gem_mpi.problem.batches import iterate_batches
-
-        try:
-            batch = next(iter(iterate_batches(split, 2, 1, 0, shuffle=False, drop_last=False)))
-            flops = flops_per_sample(problem.model, batch, problem.loss.mean)
-        except Exception as exc:  # noqa: BLE001 - a model torch's counter cannot follow
-            note = (f"the model's FLOPs could not be counted ({type(exc).__name__}: {exc}): "
-                    "no FLOP/s or MFU is reported")
+    wanted = cfg.monitor.flops
+    if problem.model is not None and problem.loss is not None and wanted != FLOPS_OFF:
         peak = peak_flops(accelerator_name())
+        if peak or wanted == FLOPS_ON:  # auto: only where an MFU can be told
+            from gem_mpi.problem.batches import iterate_batches
+
+            try:
+                batch = next(iter(iterate_batches(split, 2, 1, 0, shuffle=False,
+                                                  drop_last=False)))
+                flops = flops_per_sample(problem.model, batch, problem.loss.mean)
+            except Exception as exc:  # noqa: BLE001 - a model torch's counter cannot follow
+                note = (f"the model's FLOPs could not be counted ({type(exc).__name__}: "
+                        f"{exc}): no FLOP/s or MFU is reported")
     return Throughput(samples, n_workers, tokens, flops, peak, note)
