@@ -290,7 +290,7 @@ def test_a_killed_rank_ends_the_job_and_resume_auto_finishes(slurm, tmp_path, ra
     the two apart: plain srun leaves a step with a killed task running. A new job with the
     run's name resumes from its periodic checkpoint and completes the budget, every update
     once."""
-    steps = 30000
+    steps = 15000  # per worker: several seconds, so that a checkpoint comes first
     args = f"{QUAD} --max-steps {steps} --checkpoint-every 1 --worker-timeout 1800"
     env = job_env(tmp_path, GEM_TRAIN_ARGS=args)
     job = sbatch(JOBS / "gem_mnist_100.sbatch", "--ntasks=3", env=env, cwd=tmp_path)
@@ -334,7 +334,7 @@ def test_elastic_job_resumes_on_the_nodes_of_its_next_run(slurm, tmp_path):
     whole, in one log. A bad range is one line, exit 2."""
     tcp = {"OMPI_MCA_osc": "pt2pt", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp",
            "OMPI_MCA_btl_tcp_if_include": "lo"}
-    steps = 8000
+    steps = 3000  # per worker: the first run is stopped within its first seconds
     env = job_env(tmp_path, GEM_TRAIN_ARGS=f"{QUAD} --max-steps {steps}", **tcp)
     res = subprocess.run([str(JOBS / "submit_elastic.sh"), "1-2", "--parsable",
                           "--partition=two", "--ntasks-per-node=2"], env=env, cwd=tmp_path,
