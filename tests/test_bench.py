@@ -211,15 +211,15 @@ def test_bench_lm_dry_run_trains_the_language_model_under_each_method(tmp_path):
 @pytest.mark.mpi
 def test_bench_gpu_dry_run_checks_learning_theta_and_the_masters_kernel(tmp_path):
     """The GPU check's own path, on the CPU (--cpu; CI has no GPU): the plain loop at both
-    precisions, calibration, the matrix (one worker order of --modes, float32) and the best
-    row (the overlap order in bf16) as real mpirun jobs of a user's model and dataset, the
+    precisions, calibration, the matrix (the overlap order of --modes, float32) and the best
+    row (the same order in bf16, which the output compares with it) as real mpirun jobs of a user's model and dataset, the
     verdicts and images/s against the plain loop's in the JSON; MPS skipped with its reason,
     the floor not measured. (Every order trains in tests/test_training_loop.py.)"""
     out = tmp_path / "g.json"
     res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "gpu", "--cpu", "--workers",
                           "2", "--seconds", "3", "--image-size", "32", "--batch-size", "32",
                           "--calibration-steps", "4", "--plain-steps", "3", "--wires",
-                          "float32", "--modes", "pipelined", "--best", "overlap:bf16:float32",
+                          "float32", "--modes", "overlap", "--best", "overlap:bf16:float32",
                           "--mpirun", "mpirun --oversubscribe", "--json", str(out)],
                          capture_output=True, text=True, timeout=400, check=False,
                          env=mpi_env(), cwd=REPO)
@@ -227,7 +227,7 @@ def test_bench_gpu_dry_run_checks_learning_theta_and_the_masters_kernel(tmp_path
     result = json.loads(out.read_text())
     assert result["ok"] and result["device"].startswith("cpu (dry run")
     assert [(r["mode"], r["amp"], r["wire"], r["mps"]) for r in result["rows"]] == [
-        ("pipelined", "off", "float32", "off"), ("overlap", "bf16", "float32", "off")]
+        ("overlap", "off", "float32", "off"), ("overlap", "bf16", "float32", "off")]
     plain = result["plain_images_per_s"]
     assert set(plain) == {"off", "bf16"} and all(v > 0 for v in plain.values())
     assert result["mps"]["state"] == "skipped" and result["gpu_floor"] == 0.85

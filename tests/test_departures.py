@@ -208,18 +208,23 @@ def _ulfm(tmp: Path, *options: str) -> tuple[list[str], dict[str, str]]:
 def test_a_worker_killed_mid_commit_is_lost_and_the_run_goes_on_under_ulfm(tmp_path):
     """--worker-loss continue on Open MPI 5 with ULFM (the stack tools/ft_probe.py found to
     hold): rank 0 learns of the death, drops the half-written update, deals the worker's
-    batches to the others, and the run finishes its budget, exit 0."""
+    batches to the others, and the run finishes its budget, exit 0. About one full-suite
+    run in four, an MPI_Finalize after the lost rank never returns (Open MPI: no osc
+    component "is tested for post-failure operation"): the ranks' watchdogs then end the
+    job after 2 × --exit-timeout with exit 1, its files complete, which is what this test
+    accepts of that case (docs/RELIABILITY.md)."""
     import subprocess
 
-    cmd, env = _ulfm(tmp_path, "--worker-loss", "continue")
-    try:  # about 4 s; it hung once in a full-suite run (2026-12-07): say where, if again
+    cmd, env = _ulfm(tmp_path, "--worker-loss", "continue", "--exit-timeout", "5")
+    try:  # about 4 s
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120,
                              check=False, start_new_session=True)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the ULFM job hung (killed after 120 s); its output so far:\n"
                     f"{exc.stdout!s}\n{exc.stderr!s}")
     err = res.stderr
-    assert res.returncode == 0, err
+    finalize_hung = res.returncode == 1 and "gem_mpi: done: " in err
+    assert res.returncode == 0 or finalize_hung, err
     assert "rank 2 dies in its update 2000" in res.stdout
     assert "worker 2 (rank 2) was lost (its process died" in err and "Traceback" not in err
     run = load_run(tmp_path / "run.h5")

@@ -217,23 +217,29 @@ def test_every_port_a_method_opens_on_one_node_listens_on_loopback_alone(
     listen on every interface (anyone who could reach the node could join or kill a rank
     over HTTP); on one node every listening socket of the job binds loopback now."""
     h5 = tmp_path / "run.h5"
+    # long enough to be looked at while it trains (one epoch of 4096 samples is not)
     proc = train_background(ranks, *SMALL_CNN, "--method", method, *extra, "--max-steps",
-                            "100000", "--metrics", str(h5), env={"OMPI_MCA_btl": "self,vader"})
+                            "100000", "--epochs", "1000", "--metrics", str(h5),
+                            env={"OMPI_MCA_btl": "self,vader"})
     try:
+        # looked at once training has begun, until a socket is open: each must bind loopback
         deadline = time.monotonic() + 120
-        while steps_written(h5) < 2:  # training: every process group and server is up
+        while True:
             assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, "the method opens no socket? then this " \
+                "test sees nothing"
+            if steps_written(h5) >= 2:
+                listening = _listening_addresses()
+                opened: dict[int, list[str]] = {}
+                for rank, pid in rank_pids(proc).items():
+                    for inode in _socket_inodes(pid) & listening.keys():
+                        opened.setdefault(rank, []).append(listening[inode])
+                wide = {r: a for r, a in opened.items()
+                        if any(not x.startswith("127.") for x in a)}
+                assert not wide, f"listening beyond loopback: {wide}"
+                if opened or method == "sync":  # Horovod's MPI controller opens none at all
+                    break
             time.sleep(0.3)
-        listening = _listening_addresses()
-        opened = {}
-        for rank, pid in rank_pids(proc).items():
-            for inode in _socket_inodes(pid) & listening.keys():
-                opened.setdefault(rank, []).append(listening[inode])
-        wide = {r: a for r, a in opened.items() if any(not x.startswith("127.") for x in a)}
-        assert not wide, f"listening beyond loopback: {wide}"
-        if method != "sync":  # Horovod's MPI controller opens none at all
-            assert opened, "the method opens no socket? then this test sees nothing"
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=30)
