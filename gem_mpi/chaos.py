@@ -67,6 +67,40 @@ class Tally:
     broken: list[str] = field(default_factory=list)
 
 
+def job_processes(leader: int) -> list[int]:
+    """The live processes of the session ``leader`` (an mpirun started in a session of its
+    own): Open MPI puts each rank in a process group of its own, so a signal to mpirun's
+    group reaches mpirun alone, but the ranks stay in its session. A zombie has ended."""
+    live = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == leader and fields[0] != "Z":
+            live.append(int(entry.name))
+    return live
+
+
+def kill_job(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGKILL mpirun and every rank of its session, and return once none of them is alive
+    (their file locks free): a dead mpirun alone leaves its ranks running for a while."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = job_processes(proc.pid)
+        if not alive:
+            break
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {alive} of job {proc.pid} outlived SIGKILL")
+        time.sleep(0.05)
+    proc.wait(timeout=timeout)
+
+
 def rank_pids(mpirun_pid: int) -> dict[int, int]:
     """MPI rank -> pid of the processes an mpirun started (from their environment)."""
     out = {}
@@ -155,7 +189,7 @@ def run_once(setting: Setting, workdir: Path, rng: random.Random, deadline: floa
         try:
             _, err = proc.communicate(timeout=START_TIMEOUT)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_job(proc)
             proc.communicate()
             tally.broken.append(f"{setting}: a start did not end in {START_TIMEOUT:g} s "
                                 f"(fault {fault})")

@@ -6,6 +6,7 @@ the transport stress report, a run that learns, a worker killed mid-run then res
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -71,13 +72,13 @@ def signal_when(proc: subprocess.Popen, ready: Callable[[], bool], sig: int = si
     try:
         wait_until(proc, ready, timeout)
         if whole_job:
-            os.killpg(proc.pid, sig)
+            signal_job(proc, sig)
         else:
             proc.send_signal(sig)
         return proc.communicate(timeout=60)[1]
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_job(proc)
 
 
 def kill_rank_when(proc: subprocess.Popen, ready: Callable[[], bool], rank: int) -> int:
@@ -89,34 +90,25 @@ def kill_rank_when(proc: subprocess.Popen, ready: Callable[[], bool], rank: int)
         proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_job(proc)
     return proc.returncode
 
 
-def kill_job(proc: subprocess.Popen, timeout: float = 30) -> None:
-    """SIGKILL every process of a background job and return once none of them runs: mpirun
-    dies first, its ranks a moment later, and only then are their file locks free."""
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=timeout)
-    deadline = time.monotonic() + timeout
-    while _live_members(proc.pid):
-        assert time.monotonic() < deadline, f"processes of job {proc.pid} outlived SIGKILL"
-        time.sleep(0.05)
+def kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL mpirun and every rank of its job; returns once none is alive."""
+    from gem_mpi.chaos import kill_job as kill
+
+    kill(proc)
 
 
-def _live_members(pgid: int) -> list[int]:
-    """Pids of process group ``pgid`` that are not yet zombies (a zombie holds no file)."""
-    live = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            live.append(int(entry.name))
-    return live
+def signal_job(proc: subprocess.Popen, sig: int) -> None:
+    """``sig`` to every process of a background job (mpirun and each rank, which Open MPI
+    puts in process groups of their own), as a scheduler signals a job."""
+    from gem_mpi.chaos import job_processes
+
+    for pid in job_processes(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 def rank_pids(proc: subprocess.Popen) -> dict[int, int]:
@@ -227,7 +219,7 @@ def kill_worker_mid_run(command: list[str], env: dict[str, str], cwd: Path,
         ended = time.monotonic() - t0
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_job(proc)
             proc.communicate()
     assert proc.returncode != 0 and ended < 60
 

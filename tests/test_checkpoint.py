@@ -22,6 +22,7 @@ import pytest
 from helpers import (
     assert_exactly_once,
     checkpoint_after_start,
+    kill_job,
     kill_rank_when,
     quadratic_args,
     rank_pids,
@@ -122,7 +123,7 @@ def test_killed_worker_ends_the_job_and_resume_recovers(tmp_path, mode):
         ended = time.monotonic() - t0
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_job(proc)
     assert proc.returncode != 0
     assert ended < 30
     assert "rank 2" in err  # mpirun names the rank that died

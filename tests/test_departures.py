@@ -23,6 +23,7 @@ from helpers import (
     REPO,
     assert_every_sample_once,
     indexed_probe,
+    kill_job,
     probe_per_epoch,
     quadratic_args,
     rank_pids,
@@ -64,7 +65,7 @@ def _terminate(proc, ranks: list[int], ready, timeout: float = 300) -> str:
     try:
         return proc.communicate(timeout=timeout)[1]
     except Exception:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_job(proc)
         raise
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers import (
     REPO,
+    kill_job,
     mpirun,
     rank_pids,
     signal_when,
@@ -125,7 +126,7 @@ def test_a_killed_member_ends_the_job_and_the_resume_applies_every_update_once(t
         assert time.monotonic() - t0 < 60
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_job(proc)
     assert proc.returncode != 0
     res = mpirun(5, ["-m", "gem_mpi.train", *args, "--resume", "auto"], cwd=USER_CODE,
                  timeout=300)

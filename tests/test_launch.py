@@ -14,7 +14,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from helpers import REPO, mpi_env, quadratic_args, rank_pids
+from helpers import REPO, kill_job, mpi_env, quadratic_args, rank_pids
 
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.runfile import load_run
@@ -48,7 +48,7 @@ def test_a_job_that_loses_a_worker_is_relaunched_on_one_fewer(tmp_path):
         err = launcher.communicate(timeout=300)[1]
     finally:
         if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
+            kill_job(launcher)
     assert launcher.returncode == 0, err
     lines = [ln for ln in err.splitlines() if ln.startswith("gem_mpi: launch:")]
     assert lines[0].startswith("gem_mpi: launch: the job lost a rank (exit ")
@@ -127,6 +127,6 @@ def test_sigusr1_to_the_launcher_stops_the_job_with_a_checkpoint_and_no_restart(
         err = launcher.communicate(timeout=120)[1]
     finally:
         if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
+            kill_job(launcher)
     assert launcher.returncode == 3, err
     assert "stopped by signal" in err and "launch:" not in err

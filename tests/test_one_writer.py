@@ -5,7 +5,6 @@ live run, exit 2 on every rank, and writes nothing; a killed run leaves no stale
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
 from helpers import (
@@ -56,7 +55,7 @@ def test_a_second_run_on_a_live_run_s_files_is_refused_and_a_killed_run_frees_th
         kill_job(a)  # a killed run: its locks die with it
     finally:
         if a.poll() is None:
-            os.killpg(a.pid, signal.SIGKILL)
+            kill_job(a)
     killed = load_run(h5).attrs["run_id"]
     res = train(3, *quadratic_args(dim=1000, steps=50, eval_every=0), "--metrics", str(h5),
                 "--checkpoint-dir", str(ckpt), timeout=120)  # a new run on the freed files

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 from helpers import (
     PROGS,
+    kill_job,
     mpirun,
     quadratic_args,
     rank_pids,
@@ -124,7 +124,7 @@ def test_no_rank_opens_a_port_of_its_own(tmp_path):
         for rank, pid in ranks.items():
             assert not (_socket_inodes(pid) & listening), f"rank {rank} listens"
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_job(proc)
         proc.communicate(timeout=30)
 
 
@@ -241,5 +241,5 @@ def test_every_port_a_method_opens_on_one_node_listens_on_loopback_alone(
                     break
             time.sleep(0.3)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_job(proc)
         proc.communicate(timeout=30)

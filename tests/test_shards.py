@@ -20,6 +20,7 @@ from helpers import (
     QuadraticSlice,
     assert_exactly_once,
     checkpoint_after_start,
+    kill_job,
     mpirun,
     quadratic_args,
     rank_pids,
@@ -190,7 +191,7 @@ def test_killed_worker_then_resume_applies_every_update_once_on_every_shard(tmp_
         proc.communicate(timeout=60)  # the job must end, not hang
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_job(proc)
     assert proc.returncode != 0
     res = train(WORKERS + 2, *args, "--resume", "auto", timeout=300)
     assert res.returncode == 0, res.stderr

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import re
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -22,7 +20,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from helpers import REPO, mpi_env, quadratic_args, train, train_background
+from helpers import REPO, kill_job, mpi_env, quadratic_args, train, train_background
 
 from gem_mpi.outputs.analysis import smooth, weighted_row_median
 from gem_mpi.outputs.runfile import RunFileError, RunFollower
@@ -113,7 +111,7 @@ def _stop(proc: subprocess.Popen, grace: float = 0) -> str:
     try:
         _, err = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_job(proc)
         _, err = proc.communicate(timeout=30)
     return err or ""
 
@@ -137,7 +135,7 @@ def crashed(tmp_path_factory) -> Path:
                 pass  # not created yet, or SWMR not switched on yet
         ended_alone = proc.poll() is not None
         if not ended_alone:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_job(proc)
     finally:
         err = _stop(proc)
     assert rows > 0 and not ended_alone, f"rows {rows}, ended alone {ended_alone}: {err}"
