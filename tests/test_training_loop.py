@@ -21,6 +21,7 @@ from helpers import (
     mpirun_cmd,
     quadratic_args,
     signal_when,
+    steps_written,
     train,
     train_background,
 )
@@ -80,7 +81,8 @@ def test_a_resumed_schedule_continues_exactly(tmp_path):
                           save=out, eval_every=0)
     proc = train_background(WORKERS + 1, *args)
     started = time.monotonic()
-    err = signal_when(proc, lambda: time.monotonic() - started > 4.0)
+    err = signal_when(proc, lambda: time.monotonic() - started > 4.0
+                      and steps_written(h5) > 0)  # training: the handlers are set
     assert proc.returncode == 3, err
     res = train(WORKERS + 1, *args, "--resume", "auto", timeout=300)
     assert res.returncode == 0, res.stderr
