@@ -271,9 +271,9 @@ def test_signal_stops_the_job_with_sigusr1_and_the_next_run_resumes(quick, tmp_p
     harness = runner.Harness(results, ex.quick_budget(), say=lambda _: None)
 
     def interrupt() -> None:
-        while harness.proc is None:
-            time.sleep(0.05)
-        time.sleep(1.0)  # the job has installed its SIGUSR1 handler
+        marker = tmp_path / "marker"
+        while not marker.exists():  # made once the job has installed its SIGUSR1 handler
+            time.sleep(0.05)  # (a fixed second was not always enough on loaded cores)
         os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C does
 
     threading.Thread(target=interrupt, daemon=True).start()
