@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,6 +122,9 @@ POLL_MAX_MS = 1000.0
 LOG_EVERY_MIN = 0.1  # seconds: below this the progress lines flood the job's log
 FLOPS_AUTO, FLOPS_ON, FLOPS_OFF = "auto", "on", "off"  # --flops: when rank 0 counts FLOPs
 FLOPS_MODES = (FLOPS_AUTO, FLOPS_ON, FLOPS_OFF)
+RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # --run-id: a file name, a W&B id, a log word
+RUN_ID_CHECK: Check = (lambda v: v is None or bool(RUN_ID.fullmatch(v)),
+                      "letters, digits, '.', '_', '-' (1 to 64 of them)")
 STRAGGLER_MAX = 1000.0  # a larger factor sleeps past --worker-timeout, or overflows sleep()
 
 
@@ -345,7 +349,13 @@ class OutputConfig:
                                 "which may already hold a diverging θ)", check=POSITIVE,
                                 metavar="K")
     resume: str | None = opt(None, "continue from this checkpoint, or 'auto': the newest in "
-                             "--checkpoint-dir if there is one, else start afresh")
+                             "--checkpoint-dir of the run it continues (--run-id, else the "
+                             "one run whose checkpoints are there) if there is one, else "
+                             "start afresh")
+    run_id: str | None = opt(None, "this run's id (letters, digits, '.', '_', '-'; at most 64): "
+                             "a new run takes it instead of a random one, --resume auto "
+                             "continues only this run's checkpoints and --resume FILE must be "
+                             "one of them", check=RUN_ID_CHECK, metavar="ID")
     tensorboard: str | None = opt(None, "write live scalars (loss, staleness, π median, "
                                   "clamp share, the time split, updates/s, samples/s, "
                                   "tokens/s, MFU, the evaluations) as TensorBoard event files "

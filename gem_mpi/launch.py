@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 from gem_mpi import config
 from gem_mpi.errors import UsageError
@@ -91,7 +92,12 @@ def plan(argv: list[str]) -> tuple[argparse.Namespace, list[str], int]:
     if args.n < fewest:
         raise UsageError(f"-n {args.n}: a job needs at least {fewest} ranks")
     validate(cfg, args.n, data=False)  # the options, before any job: one line, exit 2
-    if not cfg.outputs.resume:
+    out = cfg.outputs
+    if not out.run_id:  # every restart continues this run, never another in the directory
+        continued = checkpoint.resolve(out.resume, out.checkpoint_dir, None)
+        rid = (checkpoint.run_of(continued) if continued else None) or uuid.uuid4().hex
+        train = [*train, "--run-id", rid]
+    if not out.resume:
         train = [*train, "--resume", "auto"]  # the first attempt starts afresh if none yet
     return args, train, fewest
 
@@ -126,11 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         say(f"error: {exc}")
         return EXIT_USAGE
     ranks, job = args.n, _Job()
-    directory = config.parse(train)[0].outputs.checkpoint_dir
-    newest = checkpoint.latest(directory)  # where the last start began
+    out = config.parse(train)[0].outputs
+    directory, run_id = out.checkpoint_dir, out.run_id
+    newest = checkpoint.latest(directory, run_id)  # where the last start began
     for attempt in range(args.max_restarts + 1):
+        again = ["--resume", "auto"] if attempt else []  # a restart: from the newest
         cmd = [*shlex.split(args.mpirun), "-n", str(ranks), sys.executable, "-m",
-               "gem_mpi.train", *train]
+               "gem_mpi.train", *train, *again]
         code = job.run(cmd)
         done = f" after {attempt} restart(s), on {ranks} ranks" if attempt else ""
         if code in FINAL:
@@ -141,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"launch: the job ended (exit {code}) after {signal.Signals(job.signalled).name}"
                 f"; not restarted{done}")
             return code
-        reached = checkpoint.latest(directory)
+        reached = checkpoint.latest(directory, run_id)
         if lost_rank(code):
             why = f"the job lost a rank (exit {code})"
             ranks = max(fewest, ranks - args.drop)

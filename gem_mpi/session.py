@@ -113,13 +113,16 @@ def _resume(cfg: config.Config, n_workers: int) -> checkpoint.Checkpoint | None:
     Refuses, before anything is written, a checkpoint of another setting and a metrics
     file of another run."""
     out = cfg.outputs
-    if not out.resume:
-        return None
-    path = checkpoint.resolve(out.resume, out.checkpoint_dir)
+    path = checkpoint.resolve(out.resume, out.checkpoint_dir, out.run_id)
     if path is None:
-        say(f"--resume auto: no checkpoint in {out.checkpoint_dir} yet, starting afresh")
+        if out.resume:
+            whose = f"of run {out.run_id} " if out.run_id else ""
+            say(f"--resume auto: no checkpoint {whose}in {out.checkpoint_dir} yet, starting "
+                "afresh")
         return None
     ckpt = checkpoint.load(path)
+    if out.resume == "auto":
+        say(f"--resume auto: continuing run {ckpt.run_id} from {path}")
     checkpoint.check_compatible(ckpt, cfg.as_dict(), n_workers)
     if out.metrics:
         shard_rows = ckpt.rows_shards
@@ -205,7 +208,7 @@ def _run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint
     plan = shards.plan(cfg, problem, n_workers)
     soft_barrier(comm)
     # every rank learns the run's id (a new one on a fresh start) and where it resumes
-    run_id = uuid.uuid4().hex if resumed is None else resumed.run_id
+    run_id = (cfg.outputs.run_id or uuid.uuid4().hex) if resumed is None else resumed.run_id
     start_seqs, run_id, plans = comm.bcast((
         None if resumed is None else resumed.next_seq.tolist(), run_id,
         None if resumed is None or resumed.data_plan is None

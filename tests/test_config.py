@@ -18,7 +18,7 @@ RECORDED = {
     "batch_size", "epochs", "max_steps", "shard", "seed", "eval_every", "eval_batch_size",
     "metrics", "save", "synthetic_size", "quadratic_dim", "threads", "poll_max_ms",
     "log_every", "verbose", "no_extension", "straggler", "stop_on_divergence",
-    "divergence_factor", "checkpoint_dir", "checkpoint_every", "resume", "min_free_mb",
+    "divergence_factor", "checkpoint_dir", "checkpoint_every", "resume", "run_id", "min_free_mb",
     "worker_timeout", "gem_shift", "exit_timeout", "loss", "worker_mode", "gem_proxy",
     "holdout", "masters", "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_step_every",
     "lr_gamma", "lr_min", "clip_grad_norm", "amp", "bn_batches",

@@ -55,6 +55,7 @@ def test_a_job_that_loses_a_worker_is_relaunched_on_one_fewer(tmp_path):
     assert "restart 1 of 1 on 4 ranks, from the newest checkpoint" in lines[0]
     assert lines[1] == "gem_mpi: launch: the run finished after 1 restart(s), on 4 ranks"
     assert "workers 4 -> 3" in err  # the resume's one line
+    assert "--resume auto: continuing run " in err  # the launcher's own run, named
     run = load_run(tmp_path / "run.h5")
     budget = WORKERS * STEPS  # the first start's, neither lost nor grown
     assert run.summary["finished"] == 1.0

@@ -18,6 +18,7 @@ from helpers import (
     wait_until,
 )
 
+from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.runfile import load_run
 
 LONG = quadratic_args(dim=1000, steps=10**7, eval_every=0, checkpoint_every=0.2)
@@ -60,5 +61,15 @@ def test_a_second_run_on_a_live_run_s_files_is_refused_and_a_killed_run_frees_th
     res = train(3, *quadratic_args(dim=1000, steps=50, eval_every=0), "--metrics", str(h5),
                 "--checkpoint-dir", str(ckpt), timeout=120)  # a new run on the freed files
     assert res.returncode == 0, res.stderr
-    assert load_run(h5).attrs["run_id"] != killed
-    assert (live / "run.h5.lock").read_text().startswith(f"run {load_run(h5).attrs['run_id']}")
+    fresh = load_run(h5).attrs["run_id"]
+    assert fresh != killed
+    assert (live / "run.h5.lock").read_text().startswith(f"run {fresh}")
+    # the new run deleted none of the killed run's checkpoints, and --resume auto continues
+    # neither run without being told which
+    owners = {checkpoint.run_of(p) for _, p in checkpoint.listed(str(ckpt))}
+    assert owners == {killed, fresh}
+    res = train(3, *quadratic_args(dim=1000, steps=50, eval_every=0), "--checkpoint-dir",
+                str(ckpt), "--resume", "auto", timeout=120)
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    assert res.returncode == 2 and len(errors) == 1, res.stderr
+    assert "holds checkpoints of 2 runs" in errors[0] and killed in errors[0], errors

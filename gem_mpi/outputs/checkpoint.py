@@ -14,8 +14,9 @@ It is written to a temporary file, flushed and fsync'ed, then renamed over; the 
 checkpoint is deleted only after that, so a valid one exists at every moment. Each array
 carries its sha256, checked on load: a flipped bit is refused like a truncated file.
 
-A run has an id, drawn at its first start and kept by every checkpoint and by its metrics
-file: a resume continues (and cuts back) only the metrics file of its own run.
+A run has an id, drawn at its first start (or named, --run-id) and kept by every checkpoint
+and by its metrics file: a resume continues (and cuts back) only the metrics file of its own
+run, --resume auto only its own run's checkpoints, and a run deletes only its own old ones.
 Which settings may change on a resume is decided here (:data:`MAY_CHANGE`); the metrics file
 records every change with the update it took effect at.
 
@@ -183,10 +184,10 @@ def save(directory: str, ckpt: Checkpoint, keep: int = 1) -> str:
         kept = f"the previous one, {before}, is kept" if before else "there is no earlier one"
         raise OutputError(f"checkpoint {final!r}: writing failed ({os_reason(exc)}); "
                           f"{kept}") from None
-    found = sorted(((int(m.group(1)), p) for p in glob.glob(os.path.join(
-        directory, "checkpoint_*.h5")) if (m := _PATTERN.search(p))), reverse=True)
+    found = [(clock, p) for clock, p in listed(directory) if run_of(p) == ckpt.run_id]
+    found.reverse()
     newest = [p for clock, p in found if clock <= ckpt.clock][:keep]
-    for _, old in found:
+    for _, old in found:  # another run's checkpoints are never this run's to delete
         if old not in newest:
             os.remove(old)
     return final
@@ -244,11 +245,26 @@ def load_worker_state(directory: str, rank: int, start_seq: int,
         return None
 
 
-def latest(directory: str) -> str | None:
-    """The newest complete checkpoint in a directory (temporary files never count)."""
-    found = {int(m.group(1)): p for p in glob.glob(os.path.join(directory, "checkpoint_*.h5"))
-             if (m := _PATTERN.search(p))}
-    return found[max(found)] if found else None
+def listed(directory: str) -> list[tuple[int, str]]:
+    """The complete checkpoints in a directory as (clock, path), oldest first (temporary
+    files never count)."""
+    return sorted((int(m.group(1)), p) for p in glob.glob(os.path.join(
+        directory, "checkpoint_*.h5")) if (m := _PATTERN.search(p)))
+
+
+def run_of(path: str) -> str | None:
+    """The id of the run that wrote a checkpoint; None if it cannot be read."""
+    try:
+        with h5py.File(path, "r") as f:
+            return str(f.attrs["run_id"])
+    except (OSError, KeyError):
+        return None
+
+
+def latest(directory: str, run_id: str | None = None) -> str | None:
+    """The newest complete checkpoint in a directory, of the run ``run_id`` if given."""
+    found = [p for _, p in listed(directory) if run_id is None or run_of(p) == run_id]
+    return found[-1] if found else None
 
 
 def load(path: str) -> Checkpoint:
@@ -358,13 +374,37 @@ def changes(ckpt: Checkpoint, config: dict) -> dict[str, list]:
             if _setting(before, k) != config.get(k)}
 
 
-def resolve(resume: str, directory: str | None) -> str | None:
-    """The checkpoint a --resume value names: a path, or 'auto' for the newest in the
-    checkpoint directory, None when there is none yet (a requeued job's first start)."""
-    if resume != "auto":
+def resolve(resume: str | None, directory: str | None, run_id: str | None) -> str | None:
+    """The checkpoint a run continues: the file --resume names, or under 'auto' the newest
+    in the checkpoint directory of the run it continues (``run_id``, --run-id; without it
+    the one run whose checkpoints are there); None when there is none (a requeued job's
+    first start, or no --resume). A directory of several runs without --run-id, a file of
+    another run than --run-id and a new run named like one with checkpoints here are
+    refused: each would continue, or later delete, another run's state."""
+    if resume not in (None, "auto"):
         if not os.path.isfile(resume):
             raise UsageError(f"--resume {resume!r}: no such file")
+        if run_id is not None and (owner := run_of(resume)) not in (run_id, None):
+            raise UsageError(f"--resume {resume!r} is a checkpoint of run {owner}, not of "
+                             f"--run-id {run_id}")
         return resume
-    if not directory:
+    if resume == "auto" and not directory:
         raise UsageError("--resume auto needs --checkpoint-dir")
-    return latest(directory)
+    if not directory:
+        return None
+    runs: dict[str, str] = {}  # run id -> its newest checkpoint
+    for _, path in listed(directory):
+        runs[run_of(path) or "?"] = path
+    if resume is None:
+        if run_id in runs:
+            raise UsageError(f"--checkpoint-dir {directory!r} holds checkpoints of run "
+                             f"{run_id} already (newest {runs[run_id]!r}): continue it with "
+                             "--resume auto, or give this run another --run-id")
+        return None
+    if run_id is not None:
+        return runs.get(run_id)
+    if len(runs) > 1:
+        named = ", ".join(f"{rid} (newest {os.path.basename(p)})" for rid, p in runs.items())
+        raise UsageError(f"--resume auto: --checkpoint-dir {directory!r} holds checkpoints of "
+                         f"{len(runs)} runs, {named}: name the one to continue with --run-id")
+    return next(iter(runs.values()), None)

@@ -261,7 +261,8 @@ class RunSupervisor:
         self.evaluator = Evaluator(cfg.data, cfg.monitor, eval_problem or problem, noun=noun,
                                    threads=eval_threads)
         # the run's id: drawn at its first start, kept by its checkpoints and metrics file
-        self.run_id = run_id or (resumed.run_id if resumed else uuid.uuid4().hex)
+        self.run_id = run_id or (resumed.run_id if resumed
+                                 else cfg.outputs.run_id or uuid.uuid4().hex)
         RUN_LOCKS.describe(self.run_id)  # a second run on the outputs is told whose they are
         self.metrics: MetricsWriter | None = None
         if self.outputs.metrics:
@@ -567,7 +568,7 @@ class RunSupervisor:
         noun, at = self.noun, self.position
         if self.diverged:
             directory = self.outputs.checkpoint_dir
-            last = checkpoint.latest(directory) if directory else None
+            last = checkpoint.latest(directory, self.run_id) if directory else None
             where = f"the last good state is {last}" if last else "no checkpoint was written"
             say(f"stopped: the run diverged at {noun} {at} ({self.diverged}); {where}. "
                 f"{self.remedy}, or pass --no-stop-on-divergence")

@@ -149,3 +149,39 @@ def test_the_newest_k_are_kept_and_an_abandoned_future_is_dropped(tmp_path):
                                               config={}, n_workers=1), keep=2)
     assert names() == [checkpoint.NAME.format(clock=c) for c in (20, 25)]
     assert checkpoint.latest(str(tmp_path)).endswith(checkpoint.NAME.format(clock=25))
+
+
+def _of(run_id: str, clock: int) -> Checkpoint:
+    return dataclasses.replace(_async(), run_id=run_id, clock=clock)
+
+
+def test_a_run_keeps_and_deletes_only_its_own_checkpoints(tmp_path):
+    d = str(tmp_path)
+    foreign = checkpoint.save(d, _of("other", 50))
+    for clock in (10, 20, 30):
+        checkpoint.save(d, _of("mine", clock), keep=2)
+    mine = [p for _, p in checkpoint.listed(d) if checkpoint.run_of(p) == "mine"]
+    assert [checkpoint.load(p).clock for p in mine] == [20, 30]
+    # a later clock of another run is not "a future this run abandoned"
+    assert checkpoint.run_of(foreign) == "other" and checkpoint.load(foreign).clock == 50
+    assert checkpoint.latest(d) == foreign and checkpoint.latest(d, "mine") == mine[-1]
+
+
+def test_resume_auto_continues_only_the_run_it_names(tmp_path):
+    d = str(tmp_path)
+    assert checkpoint.resolve("auto", d, None) is None  # nothing yet: start afresh
+    own = checkpoint.save(d, _of("mine", 10))
+    assert checkpoint.resolve("auto", d, None) == own  # the one run there
+    assert checkpoint.resolve("auto", d, "mine") == own
+    assert checkpoint.resolve("auto", d, "new") is None  # a named new run starts afresh
+    foreign = checkpoint.save(d, _of("other", 20))
+    assert checkpoint.resolve("auto", d, "mine") == own  # never the newer foreign one
+    with pytest.raises(UsageError, match=r"holds checkpoints of 2 runs, .*mine.*--run-id"):
+        checkpoint.resolve("auto", d, None)
+    with pytest.raises(UsageError, match="is a checkpoint of run other, not of --run-id mine"):
+        checkpoint.resolve(foreign, d, "mine")
+    assert checkpoint.resolve(foreign, d, None) == foreign
+    # a new run named like one that has checkpoints here would delete them as its own
+    with pytest.raises(UsageError, match="holds checkpoints of run mine already"):
+        checkpoint.resolve(None, d, "mine")
+    assert checkpoint.resolve(None, d, None) is None and checkpoint.resolve(None, None, "x") is None

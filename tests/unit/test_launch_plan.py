@@ -3,18 +3,36 @@ jobs in tests/test_launch.py)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gem_mpi.errors import UsageError
 from gem_mpi.launch import FINAL, lost_rank, plan
+from gem_mpi.outputs import checkpoint
+from gem_mpi.outputs.checkpoint import Checkpoint
 
 
 def test_it_adds_resume_auto_and_keeps_one_worker_at_least(tmp_path):
     ck = str(tmp_path)
     args, train, fewest = plan(["-n", "5", "--", "--checkpoint-dir", ck, "--masters", "2"])
     assert args.n == 5 and args.max_restarts == 3
-    assert train == ["--checkpoint-dir", ck, "--masters", "2", "--resume", "auto"]
+    assert train[:4] == ["--checkpoint-dir", ck, "--masters", "2"]
+    assert train[4] == "--run-id" and len(train[5]) == 32  # every restart continues this run
+    assert train[6:] == ["--resume", "auto"]
     assert fewest == 3  # two masters and a worker
+
+
+def test_a_named_run_or_a_resumed_file_keeps_its_id(tmp_path):
+    ck = str(tmp_path)
+    _, train, _ = plan(["-n", "3", "--", "--checkpoint-dir", ck, "--run-id", "mine"])
+    assert train.count("--run-id") == 1
+    state = Checkpoint(theta=np.zeros(3, np.float32), clock=4, run_id="earlier", elapsed_s=0.0,
+                       config={}, n_workers=2)
+    path = checkpoint.save(ck, state)
+    _, train, _ = plan(["-n", "3", "--", "--checkpoint-dir", ck, "--resume", path])
+    assert train[-2:] == ["--run-id", "earlier"]
+    _, train, _ = plan(["-n", "3", "--", "--checkpoint-dir", ck])  # a new run beside it
+    assert train[-4] == "--run-id" and train[-3] != "earlier"
 
 
 def test_a_given_resume_is_kept_and_a_synchronous_method_keeps_its_ranks(tmp_path):
