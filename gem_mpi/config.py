@@ -61,6 +61,9 @@ LOSS_END, LOSS_CONTINUE = "end", "continue"  # --worker-loss
 WORKER_LOSS = (LOSS_END, LOSS_CONTINUE)
 WAIT, PIPELINED, OVERLAP = "wait", "pipelined", "overlap"
 WORKER_MODES = (WAIT, PIPELINED, OVERLAP)
+# --gradient-at: where a worker with updates in flight takes its next gradient
+AT_OWN, AT_PULLED = "own", "pulled"
+GRADIENT_POINTS = (AT_OWN, AT_PULLED)
 # η over a worker's own steps (gem_mpi.algorithm.stepsize): after --warmup-steps, constant,
 # multiplied by --lr-gamma every --lr-step-every steps, or a cosine down to --lr-min
 CONSTANT, STEP, COSINE = "constant", "step", "cosine"
@@ -191,14 +194,24 @@ class OptimConfig:
                            "has applied it, then pulls θ and computes the next update there; "
                            "'pipelined': it computes the next update at once, at the θ it "
                            "pulled just before the commit, while the master applies it "
-                           "(Algorithm 1's order: with --gem-shift others, Algorithm 1 "
-                           "exactly); 'overlap': a compute thread computes step k+1 while "
-                           "the worker commits step k and pulls the θ of step k+2, so a step "
-                           "costs the longer of compute and communication, not their sum "
-                           "(one step more staleness, which GEM's shift sees: s is the θ "
-                           "each update was computed at); asynchronous methods only",
+                           "(Algorithm 1's order: with --gem-shift others and "
+                           "--gradient-at pulled, Algorithm 1 exactly); 'overlap': a "
+                           "compute thread computes step k+1 while the worker commits step k "
+                           "and pulls the θ of step k+2, so a step costs the longer of "
+                           "compute and communication, not their sum (one step more "
+                           "staleness, which GEM's shift sees: s is the θ each update's "
+                           "step pulled); asynchronous methods only",
                            check=(lambda v: v in WORKER_MODES,
                                   f"one of {', '.join(WORKER_MODES)}"))
+    gradient_at: str = opt(AT_OWN, "where a worker whose own last updates are still in flight "
+                           "when it pulls (--worker-mode pipelined: one, overlap: two) takes "
+                           "its next gradient: 'own', at the θ pulled plus those updates "
+                           "(unscaled, as the authors' prototype adds its own update to its "
+                           "copy); 'pulled', at the θ pulled (Algorithm 1 as printed). GEM's "
+                           "shift is measured from the θ pulled either way; a waiting worker "
+                           "has nothing in flight",
+                           check=(lambda v: v in GRADIENT_POINTS,
+                                  f"one of {', '.join(GRADIENT_POINTS)}"))
     lr_schedule: str = opt(CONSTANT, "η over each worker's own steps (sync: the steps): "
                            "'constant', 'step' (times --lr-gamma every --lr-step-every "
                            "steps) or 'cosine' (down to --lr-min over --lr-decay-steps); "

@@ -374,7 +374,8 @@ def test_bench_overlap_prints_a_row_per_order_against_the_compute_ceiling(tmp_pa
     n = 5000
     res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "overlap", "--params", str(n),
                           "--step-ms", "10", "--workers", "1", "--orders", "wait", "pipelined",
-                          "--wires", "float32", "bf16", "--steps", "8", "--mpirun", "mpirun --oversubscribe",
+                          "--wires", "float32", "bf16", "--gradient-at", "own", "pulled",
+                          "--steps", "8", "--mpirun", "mpirun --oversubscribe",
                           "--json", str(out)], capture_output=True, text=True, timeout=300,
                          check=False, env=mpi_env(), cwd=REPO)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -383,9 +384,11 @@ def test_bench_overlap_prints_a_row_per_order_against_the_compute_ceiling(tmp_pa
     [cap] = result["capacity"]
     assert cap["workers"] == 1 and cap["updates_per_s"] > 0 and cap["threads"] >= 1
     rows = result["rows"]
-    assert [(r["workers"], r["order"], r["wire"]) for r in rows] == [
-        (1, "wait", "float32"), (1, "pipelined", "float32"), (1, "wait", "bf16"),
-        (1, "pipelined", "bf16")]
+    # a waiting worker has nothing in flight: one row, the first point's
+    assert [(r["workers"], r["order"], r["wire"], r["at"]) for r in rows] == [
+        (1, "wait", "float32", "own"), (1, "pipelined", "float32", "own"),
+        (1, "pipelined", "float32", "pulled"), (1, "wait", "bf16", "own"),
+        (1, "pipelined", "bf16", "own"), (1, "pipelined", "bf16", "pulled")]
     for r in rows:
         assert 0 < r["ratio"] <= 1.05
         assert r["ratio"] == pytest.approx(r["steps_per_s"] / 100.0)

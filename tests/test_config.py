@@ -19,7 +19,7 @@ RECORDED = {
     "metrics", "save", "synthetic_size", "quadratic_dim", "threads", "poll_max_ms",
     "log_every", "verbose", "no_extension", "straggler", "stop_on_divergence",
     "divergence_factor", "checkpoint_dir", "checkpoint_every", "resume", "run_id", "min_free_mb",
-    "worker_timeout", "gem_shift", "exit_timeout", "loss", "worker_mode", "gem_proxy",
+    "worker_timeout", "gem_shift", "exit_timeout", "loss", "worker_mode", "gradient_at", "gem_proxy",
     "holdout", "masters", "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_step_every",
     "lr_gamma", "lr_min", "clip_grad_norm", "amp", "bn_batches",
     "loader_workers", "wire", "ga_decay", "ga_eps", "diloco_steps", "diloco_outer_lr",
@@ -105,7 +105,7 @@ def test_a_checkpoint_older_than_an_option_ran_with_its_default():
 
     old, _ = config.parse([])
     recorded = {k: v for k, v in old.as_dict().items()
-                if k not in ("gem_proxy", "worker_mode", "lr_schedule", "amp")}
+                if k not in ("gem_proxy", "worker_mode", "gradient_at", "lr_schedule", "amp")}
     state = checkpoint.Checkpoint(theta=np.zeros(1, np.float32), clock=0, run_id="r",
                                   elapsed_s=0.0, config=recorded, n_workers=4, path="c.h5")
     checkpoint.check_compatible(state, old.as_dict(), 4)

@@ -153,6 +153,24 @@ def test_overlapped_gem_workers_equal_the_replay_of_their_event_order(tmp_path, 
     assert (u["staleness"][u["seq"] > 0] >= 1).all()
 
 
+@pytest.mark.parametrize("mode, shift, at", [("overlap", "others", "own"),
+                                             ("pipelined", "paper", "own"),
+                                             ("overlap", "others", "pulled")])
+def test_a_worker_s_gradient_point_is_the_replay_s(tmp_path, mode, shift, at):
+    """--gradient-at own (the default): a pipelined or overlapped gradient is taken at the θ
+    pulled plus the worker's own updates in flight, s staying the θ pulled; pulled: at s. The
+    replay told the point gives θ bit for bit, the replay told the other does not."""
+    run, theta_final = _run(tmp_path, "gem", "--worker-mode", mode, "--gem-shift", shift,
+                            "--gradient-at", at)
+    u = _check_log(run)
+    other = "pulled" if at == "own" else "own"
+    ref, wrong = (replay(u, Quadratic(DIM, 0), "gem", LR, MU, 1.0, 5.0, 1e-16,
+                         window=len(u["worker"]) + 1, shift=shift, gradient_at=point)
+                  for point in (at, other))
+    assert np.array_equal(theta_final, ref.theta)
+    assert not np.array_equal(theta_final, wrong.theta)
+
+
 @pytest.mark.parametrize("shift, mode, kernel", [
     ("others", "wait", "extension"), ("paper", "wait", "extension"),
     ("others", "wait", "numpy"), ("paper", "wait", "numpy"),

@@ -6,6 +6,11 @@ the updates) determines the whole asynchronous run. :func:`replay` recomputes it
 float32 numpy, one operation at a time as the formulas are written, independent of the
 master's kernel and of the workers' code, so that tests can hold a run to it bit for bit.
 
+Each gradient is taken at s, the θ its worker pulled, plus (``gradient_at="own"``, the
+default, as the workers do) the worker's own updates that were in flight at that pull: those
+of its earlier updates applied at a clock at or after the version it pulled, unscaled, oldest
+first (:mod:`gem_mpi.engine.points`; none when the worker waited for its last update).
+
 The GEM replay keeps each worker's m across the whole log and takes the shift |θ − s|
 against θ just before the master applies the update, in either reading of s: ``others``,
 the θ the worker pulled (the θ its update was computed at, whichever ``--worker-mode`` chose
@@ -56,6 +61,7 @@ from gem_mpi.algorithm.rule import global_decay
 from gem_mpi.algorithm.stepsize import Schedule, clip
 from gem_mpi.config import (
     ADAPTIVE,
+    AT_OWN,
     DN,
     GAP_AWARE,
     GEM,
@@ -95,7 +101,7 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
            clip_norm: float = 0.0, wire: str = WIRE_F32, ga_decay: float = 0.999,
            ga_eps: float = 1e-8, new_at_seq0: bool = False,
            adamw: AdamWConfig | None = None, local_steps: int = 1,
-           dn: DnConfig | None = None) -> Replay:
+           dn: DnConfig | None = None, gradient_at: str = AT_OWN) -> Replay:
     """Replay the applied updates of ``log`` (columns worker, version_pulled, staleness, in
     clock order; and seq with a ``schedule``) on ``q``. Only the last ``window`` versions of
     θ are kept for the pulls. ``n_workers``: the run's (the global proxy's decay depends on
@@ -107,7 +113,9 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
     workers' optimizer is AdamW (None: momentum SGD); ``local_steps``: --local-steps H (an
     update is H steps of the worker's own optimizer, momentum SGD with ``momentum`` or AdamW,
     the loss their mean); ``dn``: delayed Nesterov's options (its N: the run's workers when
-    0)."""
+    0); ``gradient_at``: the run's --gradient-at (``own``: each gradient is taken at s plus
+    the worker's own updates in flight at its pull, those applied at a clock at or after it,
+    oldest first; ``pulled``: at s)."""
     bf16 = wire == WIRE_BF16
     theta = q.theta0()
     if n_workers is None:
@@ -138,6 +146,7 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
             d = d - f32(float(eta) * adamw.weight_decay) * at
         return d
     before_own: dict[int, np.ndarray] = {}  # paper: θ just before w's previous update
+    mine: dict[int, list[tuple[int, np.ndarray]]] = {}  # w's last two (clock, Δθ)
     out = Replay(theta)
     with_seq = schedule is not None or new_at_seq0
     seqs = log["seq"].tolist() if with_seq else [0] * len(log["worker"])
@@ -149,15 +158,21 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
             adam[w] = (np.zeros(q.dim, f32), np.zeros(q.dim, f32), 0)
             buf[w] = np.zeros(q.dim, f32)
             before_own.pop(w, None)
+            mine[w] = []
         s = versions[pulled]  # the θ this worker pulled: exact version label
+        flying = [d for c, d in mine[w] if c >= pulled]  # its own, not in s, oldest first
+        at = s  # where its gradient is taken
+        if gradient_at == AT_OWN:
+            for own in flying:
+                at = at + own
         if local_steps == 1:
-            diff = s - targets[w]
+            diff = at - targets[w]
             out.losses.append(0.5 * float(np.dot(q.h * diff, diff)))
             eta = f32(lr) if schedule is None else schedule.eta(seq)
             g = clip(q.h * diff, clip_norm)
-            delta = f32(-eta) * g if adamw is None else adamw_step(w, g, s, eta)
-        else:  # H steps of its own optimizer from s on its own copy: Δ = θ_H − s
-            local, losses = s, 0.0
+            delta = f32(-eta) * g if adamw is None else adamw_step(w, g, at, eta)
+        else:  # H steps of its own optimizer from the point on its own copy: Δ = θ_H − θ₀
+            local, losses = at, 0.0
             for i in range(local_steps):
                 diff = local - targets[w]
                 losses += 0.5 * float(np.dot(q.h * diff, diff))
@@ -169,7 +184,8 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
                 else:
                     local = local + adamw_step(w, g, local, eta)
             out.losses.append(losses / local_steps)
-            delta = local - s
+            delta = local - at
+        mine[w] = [*mine[w][-1:], (clock, delta)]
         sent = _bf16(delta, BF16_NEAREST_EVEN) if bf16 else delta  # what the master reads
         if method == GEM:
             if adamw is not None or local_steps > 1:  # the proxy's update is Δ: a = κ|Δ|

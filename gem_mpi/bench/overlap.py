@@ -34,7 +34,7 @@ from gem_mpi.algorithm import kernel as gem
 from gem_mpi.bench import Subcommands, _machine, _time
 from gem_mpi.bench.compare import run_training
 from gem_mpi.bench.kernel import _inputs
-from gem_mpi.config import Config
+from gem_mpi.config import AT_OWN, GRADIENT_POINTS, Config
 from gem_mpi.outputs import analysis, runfile
 from gem_mpi.protocol import WORKER_TIME_SPLIT, update_payload
 
@@ -118,15 +118,16 @@ def master_capacity(n: int, workers: int) -> dict:
             "apply_ms": 1e3 * apply_s, "updates_per_s": 1.0 / apply_s}
 
 
-def _train_args(args: argparse.Namespace, order: str, wire: str, steps: int) -> list[str]:
+def _train_args(args: argparse.Namespace, order: str, wire: str, steps: int,
+                at: str) -> list[str]:
     return ["--model", MODEL, "--dataset", DATASET, "--loss", "mse", "--lr", "0.01",
             "--batch-size", "1", "--max-steps", str(steps),
             "--epochs", str(-(-steps // _TRAIN)), "--eval-every", "0", "--threads", "1",
-            "--log-every", "60", "--worker-mode", order, *WIRES[wire]]
+            "--log-every", "60", "--worker-mode", order, "--gradient-at", at, *WIRES[wire]]
 
 
 def _row(run: runfile.Run, args: argparse.Namespace, workers: int, order: str, wire: str,
-         steps: int, job_s: float, capacity: dict) -> dict:
+         steps: int, job_s: float, capacity: dict, at: str) -> dict:
     """One job's row: the workers' steps/s, their split, the master's, the bytes."""
     wt, summary = run.worker_time, run.summary
     done = np.bincount(np.asarray(run.updates["worker"], np.int64), minlength=workers + 1)
@@ -151,7 +152,7 @@ def _row(run: runfile.Run, args: argparse.Namespace, workers: int, order: str, w
     payload_ms = 0.0 if order == "overlap" else 1e3 * float(np.nanmean(wt["payload"]
                                                                         / done[1:]))
     host_ms = compute_ms + payload_ms - args.step_ms
-    return {"workers": workers, "order": order, "wire": wire, "params": args.params,
+    return {"workers": workers, "order": order, "wire": wire, "at": at, "params": args.params,
             "step_ms": args.step_ms, "steps": steps, "job_s": job_s,
             "updates": updates, "steps_per_s": per_s,
             "steps_per_s_each": each, "ceiling_steps_per_s": ceiling,
@@ -179,13 +180,16 @@ def bench_overlap(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="gem_overlap_") as out:
         for w in args.workers:
             for wire in args.wires:
-                for order in args.orders:
-                    run, job_s = run_training(
-                        args.mpirun, w + 1, _train_args(args, order, wire, steps),
-                        os.path.join(out, f"{w}-{order}-{wire}.h5"), "overlap")
-                    rows.append(_row(run, args, w, order, wire, steps, job_s, capacity[w]))
-                    print(f"gem_mpi.bench overlap: {w} worker(s), {order}, {wire}: ratio "
-                          f"{rows[-1]['ratio']:.2f}", file=sys.stderr, flush=True)
+                for order in args.orders:  # a waiting worker has no update in flight
+                    for at in args.gradient_at if order != "wait" else args.gradient_at[:1]:
+                        run, job_s = run_training(
+                            args.mpirun, w + 1, _train_args(args, order, wire, steps, at),
+                            os.path.join(out, f"{w}-{order}-{wire}-{at}.h5"), "overlap")
+                        rows.append(_row(run, args, w, order, wire, steps, job_s, capacity[w],
+                                         at))
+                        print(f"gem_mpi.bench overlap: {w} worker(s), {order}, {wire}, "
+                              f"gradient at {at}: ratio {rows[-1]['ratio']:.2f}",
+                              file=sys.stderr, flush=True)
     return {"bench": "overlap", "machine": _machine(), "params": args.params,
             "step_ms": args.step_ms, "ceiling_steps_per_s": 1e3 / args.step_ms,
             "steps": steps, "launcher": args.mpirun, "model": MODEL, "dataset": DATASET,
@@ -213,13 +217,14 @@ def print_overlap(result: dict) -> None:
           "pull, other; MB = per update committed (c) and pulled (p); master (shares of its "
           "wall time): idle, apply, mpi, metrics; apply ms = its kernel per update in the run; "
           f"bound: master when it idled under {100 * IDLE_BOUND:.0f} %, else worker")
-    cols = ["workers", "order", "wire", "steps/s", "ratio", "c ms", "host ms", "hidden", *(f"w:{k}" for k in SHOWN),
+    cols = ["workers", "order", "wire", "at", "steps/s", "ratio", "c ms", "host ms", "hidden", *(f"w:{k}" for k in SHOWN),
             "MB c", "MB p", "m:idle", *(f"m:{k}" for k in MASTER_SPLIT[1:]), "apply ms",
             "bound"]
     print(" ".join(f"{c:>9}" for c in cols))
     for r in result["rows"]:
         w, m = r["worker_split"], r["master_split"]
-        vals = [r["workers"], r["order"], r["wire"], f"{r['steps_per_s']:.2f}",
+        vals = [r["workers"], r["order"], r["wire"], r.get("at", "pulled"),
+                f"{r['steps_per_s']:.2f}",
                 f"{r['ratio']:.2f}", f"{r['compute_ms']:.1f}", f"{r['host_ms']:.1f}",
                 f"{r['hidden_ratio']:.2f}",
                 *(f"{100 * w[k]:.1f}%" for k in SHOWN), f"{r['bytes_committed'] / 1e6:.1f}",
@@ -230,7 +235,7 @@ def print_overlap(result: dict) -> None:
         best = max((r for r in result["rows"] if r["workers"] == workers),
                    key=lambda r: r["ratio"])
         print(f"{workers} worker(s): best ratio {best['ratio']:.2f} ({best['order']}, "
-              f"{best['wire']})")
+              f"{best['wire']}, gradient at {best.get('at', 'pulled')})")
 
 
 def register(sub: Subcommands) -> argparse.ArgumentParser:
@@ -248,6 +253,9 @@ def register(sub: Subcommands) -> argparse.ArgumentParser:
                    help="worker orders (gem_mpi.train's --worker-mode), a row each")
     p.add_argument("--wires", nargs="+", default=list(WIRES), choices=list(WIRES),
                    help="wire formats of an update, a row each")
+    p.add_argument("--gradient-at", nargs="+", default=[AT_OWN], choices=GRADIENT_POINTS,
+                   help="where a pipelined or overlapped worker takes its gradient "
+                   "(gem_mpi.train's --gradient-at), a row each")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--steps", type=int, default=None, help="steps per worker")
     budget.add_argument("--seconds", type=float, default=30.0,

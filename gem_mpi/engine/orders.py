@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from gem_mpi.config import OVERLAP, PIPELINED
+from gem_mpi.engine.points import GradientPoints
 from gem_mpi.engine.worker_step import WorkerStep
 from gem_mpi.protocol import UPDATE
 
@@ -44,10 +45,13 @@ def pipelined_order(w: WorkerStep, start_seq: int, version: Versions) -> tuple[b
     folds Δθ only then, so a stop during the wait leaves m one fold ahead at most."""
     ep, split = w.ep, w.split
     s_copy = np.empty_like(ep.theta) if w.rule.with_s else None
+    points = GradientPoints(w.cfg.optim.gradient_at, ep.theta, start_seq, 1,
+                            w.steps_fn.pull_buffers[1:2])
     for seq in range(start_seq, w.steps_fn.steps):
         if w.leave_now(seq):  # its last update may be in flight: LEFT waits for its slot
             return False, version
-        delta, loss, compute_s = w.compute(seq)
+        delta, loss, compute_s = w.compute(seq, points.at(seq, 0, ep.theta))
+        points.done(seq, delta)
         if not ep.wait_slot_free():
             return True, version
         split.charge("wait")
@@ -85,6 +89,7 @@ def overlap_order(w: WorkerStep, start_seq: int, version: Versions) -> tuple[boo
     thetas = [ep.theta, *(pinned[k] if k < len(pinned) else np.empty_like(ep.theta)
                           for k in (1, 2))]
     versions = [version] * 3
+    points = GradientPoints(w.cfg.optim.gradient_at, ep.theta, start_seq, 2, pinned[3:6])
     with ThreadPoolExecutor(1, thread_name_prefix="gem-compute",
                             initializer=w.steps_fn.compute_thread) as pool, \
             w.steps_fn.comm_stream():
@@ -99,15 +104,24 @@ def overlap_order(w: WorkerStep, start_seq: int, version: Versions) -> tuple[boo
                     return False, versions[turn]
                 done = running.result()
                 split.charge("compute")
+                delta = None
+                if points.on:  # the next step's point holds this Δθ
+                    delta = w.steps_fn.settle(seq, done.delta)
+                    points.done(seq, delta)
                 if seq + 1 < steps:
-                    running = pool.submit(w.step, seq + 1, thetas[(turn + 1) % 3])
+                    nxt = (turn + 1) % 3
+                    running = pool.submit(w.step, seq + 1,
+                                          points.at(seq + 1, nxt, thetas[nxt]))
                 if not ep.wait_slot_free():
                     return True, versions[turn]
                 split.charge("wait")
                 if seq + 2 < steps:
-                    versions[(turn + 2) % 3] = ep.pull(thetas[(turn + 2) % 3])
+                    after = (turn + 2) % 3
+                    versions[after] = ep.pull(thetas[after])
+                    points.prepare(seq + 2, after, thetas[after])
                     split.charge("pull")
-                delta = w.steps_fn.settle(seq, done.delta)
+                if delta is None:
+                    delta = w.steps_fn.settle(seq, done.delta)
                 parts = w.payload(delta, thetas[turn], done.on_device)
                 ep.commit(UPDATE, seq, versions[turn], done.loss, done.compute_s, parts)
                 split.charge("commit")

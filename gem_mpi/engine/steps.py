@@ -12,7 +12,7 @@ import numpy as np
 
 from gem_mpi.algorithm.optim import States, own_optimizer
 from gem_mpi.algorithm.stepsize import Schedule, clip
-from gem_mpi.config import AdamWConfig, Config, DataConfig, OptimConfig
+from gem_mpi.config import AT_PULLED, AdamWConfig, Config, DataConfig, OptimConfig
 from gem_mpi.engine.batches import WorkerBatches
 from gem_mpi.engine.buffers import DeltaTurns, HostCopies
 from gem_mpi.engine.group import Group
@@ -35,7 +35,8 @@ class Steps(Protocol[M]):
 
     load_s: float
     gpu_s: float
-    pull_buffers: list[np.ndarray]  # where its pulls land (the overlap's three θ), if its own
+    # where its pulls land (the overlap's three θ), then its gradient points', if its own
+    pull_buffers: list[np.ndarray]
     group: Group | None
     own: States | None  # the worker's own optimizer (AdamW, --local-steps'), whose step is Δθ
 
@@ -195,7 +196,8 @@ class TorchSteps:
         self._bound: int | None = None  # the host θ the CPU parameters view
         self.copies: HostCopies | None = None
         if self.on_gpu:
-            self.copies = HostCopies(torch, self.device, n, overlapped, len(self.turns.deltas))
+            self.copies = HostCopies(torch, self.device, n, overlapped, len(self.turns.deltas),
+                                     points=cfg.optim.gradient_at != AT_PULLED)
             assert self.copies.flat is not None, "just made"
             self.local.bind(self.copies.flat)
             self.gpu_s = 0.0

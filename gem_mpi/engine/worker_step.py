@@ -94,11 +94,11 @@ class WorkerStep:
                                 self.steps_fn.gpu_s, self.ep.backoff_s,
                                 0.0 if overlapped or group is None else group.allreduce_s)
 
-    def compute(self, seq: int) -> tuple[np.ndarray, float, float]:
-        """Δθ and the loss of step ``seq`` at the θ in hand, and its compute seconds (times
-        the --straggler factor, slept here)."""
+    def compute(self, seq: int, at: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
+        """Δθ and the loss of step ``seq`` at ``at`` (default: the θ in hand), and its compute
+        seconds (times the --straggler factor, slept here)."""
         with self.profiler.range("gem_mpi.compute"):
-            delta, loss = self.steps_fn(self.ep.theta, seq)
+            delta, loss = self.steps_fn(self.ep.theta if at is None else at, seq)
         assert delta is not None, "only --worker-mode overlap defers Δθ (its own step())"
         compute_s = self.split.charge("compute")  # θ into the model, forward, backward, Δθ
         compute_s = self.straggle(compute_s)

@@ -24,6 +24,8 @@ SMALL = ("--dataset", "synthetic", "--synthetic-size", "512", "--batch-size", "1
     (2, ("--method", "ddp", *QUADRATIC), "--method ddp trains torch models"),
     (2, ("--method", "ddp", "--worker-mode", "overlap"), "--method ddp has no master"),
     (2, ("--method", "ddp", "--wire", "bf16"), "--method ddp averages gradients"),
+    (3, ("--worker-mode", "overlap", "--gradient-at", "ahead"),
+     "--gradient-at must be one of own, pulled"),
     (2, ("--method", "diloco", *QUADRATIC), "--method diloco trains torch models"),
     (2, ("--method", "diloco", "--worker-mode", "overlap"), "--method diloco has no master"),
     (2, ("--method", "gem", "--diloco-steps", "5"), "--diloco-steps 5 is DiLoCo's"),
