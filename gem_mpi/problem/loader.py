@@ -14,7 +14,8 @@ as it does when the worker made the batch itself.
 Loader processes are forked once, for the whole stream (every epoch), and end with it:
 :meth:`LoaderBatches.close` at the end of the worker's loop, however the loop ended. They
 ignore the stop signals (SIGUSR1, SIGTERM, SIGINT: the rank handles them and closes its
-loader), and the kernel kills them when their rank dies (``PR_SET_PDEATHSIG``, Linux), so a
+loader; blocked while they start, so a scheduler's signal to every process of the job during
+their start waits for that, then is dropped), and the kernel kills them when their rank dies (``PR_SET_PDEATHSIG``, Linux), so a
 killed rank leaves none behind; elsewhere torch's own watchdog ends them within seconds.
 """
 
@@ -74,11 +75,16 @@ class _Keys:
             yield step, indices.tolist()
 
 
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # the rank's to handle
+
+
 def _follow_the_rank(parent: int, worker_id: int) -> None:
     """A loader process's start: the stop signals are its rank's to handle, and it dies
     with its rank."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+    for sig in _STOPS:
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # blocked by the rank while it forked:
+    # a stop signal sent to the whole job before this line waited, and is now dropped
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -108,7 +114,14 @@ class LoaderBatches:
                 # DataLoader draws its processes' base seeds from this, not from the global
                 # generator the worker's steps are seeded through (each batch reseeds anyway)
                 generator=torch.Generator().manual_seed(0))
-            self._it: Any = iter(self._loader)  # the processes start now, making ahead
+            # the processes start now, making ahead: the stop signals blocked meanwhile, so
+            # that one sent to the whole job reaches no process before it ignores it (the
+            # rank's own waits until its mask is back)
+            before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+            try:
+                self._it: Any = iter(self._loader)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
     def __iter__(self) -> LoaderBatches:
         return self

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from gem_mpi import config
 from gem_mpi.errors import UsageError
+from gem_mpi.problem import loader as loader_module
 from gem_mpi.problem.datasets import load_split
 from gem_mpi.problem.idx import DEBIAN_FASHION_MNIST_DIR
 from gem_mpi.problem.loader import LoaderBatches, load_batches
@@ -175,6 +176,29 @@ def test_loader_processes_ignore_stop_signals_and_end_on_close():
     assert _children() - before == loaders
     stream.close()
     assert not _children() & loaders
+
+
+def test_a_stop_signal_during_the_loaders_start_does_not_kill_them(monkeypatch):
+    """A scheduler signals every process of the job: one that lands before a loader process
+    has set its signals (held here for 0.5 s) waits, blocked, and is then dropped."""
+    start = loader_module._follow_the_rank
+
+    def slow_start(parent: int, worker_id: int) -> None:
+        time.sleep(0.5)
+        start(parent, worker_id)
+
+    monkeypatch.setattr(loader_module, "_follow_the_rank", slow_start)
+    before = _children()
+    split = load_split("synthetic", None, "train", "mnist-cnn", synthetic_size=400)
+    stream = load_batches(split, 10, 2, seed=1, workers=2, step_seed=(0, 1))
+    loaders = _children() - before
+    assert len(loaders) == 2
+    for pid in loaders:  # still in slow_start's sleep
+        os.kill(pid, signal.SIGTERM)
+    for _ in range(20):
+        next(stream)
+    assert _children() - before == loaders
+    stream.close()
 
 
 def test_data_stream_takes_loader_workers_from_the_config():
