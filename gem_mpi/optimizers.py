@@ -1,10 +1,11 @@
 """What each ``--optimizer`` is: the options only it reads (refused with the other, so that
-nothing is silently ignored) and the methods it is built for.
+nothing is silently ignored), and what its proxy cannot be combined with.
 
 The optimizer is GEM's proxy (../shared/GEM_SPEC.md §10): under momentum SGD a worker's update
 is Δθ = −η·g and GEM's budget κ|m| with m ← μm + Δθ; under AdamW the update is the worker's
 own AdamW step d at the θ it pulled (:mod:`gem_mpi.algorithm.optim`) and the budget κ|d|, the
-master's rule unchanged. The synchronous methods step torch.optim.AdamW on the averaged
+master's rule unchanged (Gap-Aware divides d by its penalty as it divides an SGD step: C, the
+RMS of the incoming steps, is in d's units, docs/ARCHITECTURE.md). The synchronous methods step torch.optim.AdamW on the averaged
 gradient (DiLoCo: as its inner optimizer; :mod:`gem_mpi.baseline.opt_state`).
 """
 
@@ -15,19 +16,12 @@ from dataclasses import dataclass
 
 from gem_mpi import methods
 from gem_mpi.config import (
-    ADAPTIVE,
-    DDP,
-    DILOCO,
-    DN,
-    DOWNPOUR,
     GEM,
-    METHODS,
     OPT_ADAMW,
     OPT_SGD,
     PROXY_GLOBAL,
     SECTIONS,
     SHIFT_PAPER,
-    SYNC,
     Config,
 )
 from gem_mpi.errors import UsageError
@@ -35,13 +29,12 @@ from gem_mpi.errors import UsageError
 
 @dataclass(frozen=True)
 class Optimizer:
-    """One ``--optimizer``: its own options and the methods it trains with."""
+    """One ``--optimizer``: the options only it reads (it trains every method)."""
 
     name: str
     title: str  # how a message names it ("AdamW's")
     section: str | None = None  # the Config section of the options only it reads
     own: tuple[str, ...] = ()  # more options only it reads, outside its section
-    methods: tuple[str, ...] = METHODS
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -52,20 +45,15 @@ class Optimizer:
 
 _ALL = (
     Optimizer(OPT_SGD, "momentum SGD", own=("momentum",)),
-    Optimizer(OPT_ADAMW, "AdamW", section="adamw",
-              methods=(GEM, DOWNPOUR, ADAPTIVE, DN, SYNC, DDP, DILOCO)),
+    Optimizer(OPT_ADAMW, "AdamW", section="adamw"),
 )
 OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in _ALL}
 
 
 def check(cfg: Config) -> None:
-    """The optimizer's options and methods, each refusal one line."""
+    """The optimizer's options and what its proxy excludes, each refusal one line."""
     o = cfg.optim
-    chosen = OPTIMIZERS[o.optimizer]  # the field's own check named the valid ones
     methods.check_owned(cfg, _ALL, o.optimizer, "--optimizer")
-    if cfg.method not in chosen.methods:
-        raise UsageError(f"--optimizer {o.optimizer} with --method {cfg.method} is not built "
-                         f"yet: it trains {', '.join(chosen.methods)}; use --optimizer sgd")
     if o.optimizer != OPT_ADAMW or cfg.method != GEM:
         return
     if o.gem_proxy == PROXY_GLOBAL:

@@ -41,7 +41,8 @@ def _args(tmp_path, method: str, steps: int, *extra: str, adamw: bool = True) ->
                                                 ("gem", "pipelined", "bf16"),
                                                 ("gem", "overlap", "float32"),
                                                 ("downpour", "overlap", "float32"),
-                                                ("adaptive", "pipelined", "bf16")])
+                                                ("adaptive", "pipelined", "bf16"),
+                                                ("gap-aware", "overlap", "bf16")])
 def test_each_asynchronous_method_under_adamw_is_the_replay(tmp_path, method, mode, wire):
     steps = 60
     res = train(WORKERS + 1, *_args(tmp_path, method, steps, "--worker-mode", mode,
@@ -59,17 +60,19 @@ def test_each_asynchronous_method_under_adamw_is_the_replay(tmp_path, method, mo
     assert not np.allclose(theta, sgd.theta)  # AdamW's steps, not −η·g
 
 
-@pytest.mark.parametrize("mode, optimizer, h", [("pipelined", "adamw", 1),
-                                                ("overlap", "adamw", 1),
-                                                ("pipelined", "sgd", 4)])
-def test_a_stopped_run_resumes_each_workers_own_optimizer(tmp_path, mode, optimizer, h):
+@pytest.mark.parametrize("method, mode, optimizer, h", [("gem", "pipelined", "adamw", 1),
+                                                        ("gem", "overlap", "adamw", 1),
+                                                        ("gem", "pipelined", "sgd", 4),
+                                                        ("gap-aware", "wait", "adamw", 1)])
+def test_a_stopped_run_resumes_each_workers_own_optimizer(tmp_path, method, mode, optimizer,
+                                                          h):
     """A stop saves each worker's AdamW m, v and t (local steps' momentum buffer), and the
     states before its last updates (a pipelined or overlapped worker may have computed
     updates the master never applied); the resume takes the one the master's checkpoint
-    holds, so the whole run is the replay in which every worker's state runs on across the
-    resume."""
+    holds (Gap-Aware: beside the master's own v), so the whole run is the replay in which
+    every worker's state runs on across the resume."""
     steps = 4000 // h
-    args = _args(tmp_path, "gem", steps, "--worker-mode", mode, "--local-steps", str(h),
+    args = _args(tmp_path, method, steps, "--worker-mode", mode, "--local-steps", str(h),
                  "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "0.1",
                  adamw=optimizer == "adamw")
     proc = train_background(WORKERS + 1, *args)
@@ -80,9 +83,11 @@ def test_a_stopped_run_resumes_each_workers_own_optimizer(tmp_path, mode, optimi
     assert res.returncode == 0, res.stderr
     what = "AdamW state" if optimizer == "adamw" else "local steps' momentum"
     assert f"worker {what} restored for {WORKERS} of {WORKERS} workers" in res.stderr, res.stderr
+    if method == "gap-aware":
+        assert "Gap-Aware's step average v restored from the checkpoint" in res.stderr
     u = load_run(tmp_path / "run.h5").updates
     assert u["clock"].tolist() == list(range(WORKERS * steps))
-    ref = replay(u, Quadratic(DIM, 0), "gem", LR, pi_max=PI_MAX, local_steps=h,
+    ref = replay(u, Quadratic(DIM, 0), method, LR, pi_max=PI_MAX, local_steps=h,
                  adamw=OPTIONS if optimizer == "adamw" else None)
     assert np.array_equal(np.load(tmp_path / "theta.npy"), ref.theta)
 

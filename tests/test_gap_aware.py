@@ -25,13 +25,16 @@ from helpers import (
 from gem_mpi import config
 from gem_mpi.algorithm import kernel as gem
 from gem_mpi.algorithm.kernel import BF16_NEAREST_EVEN, GapAware, Kernel, gap_step_numpy
+from gem_mpi.algorithm.optim import AdamW
 from gem_mpi.algorithm.reference import replay
 from gem_mpi.algorithm.rule import MasterRule, WorkerRule
 from gem_mpi.config import (
     DOWNPOUR,
     GAP_AWARE,
+    OPT_ADAMW,
     WIRE_BF16,
     WIRE_F32,
+    AdamWConfig,
     GapAwareConfig,
     OptimConfig,
 )
@@ -161,10 +164,12 @@ def _post(slot: np.ndarray, parts: tuple[np.ndarray, ...]) -> int:
 
 
 def _lockstep(optim: OptimConfig, q: Quadratic, extension: bool, workers: int, rounds: int,
-              gap: GapAwareConfig | None = None):
+              gap: GapAwareConfig | None = None, adamw: AdamWConfig | None = None):
     """``workers`` workers each computing at θ pulled at the start of a round, their updates
-    applied one after the other (staleness 0 .. workers − 1): θ and the event log."""
+    applied one after the other (staleness 0 .. workers − 1): θ and the event log. ``adamw``:
+    each worker's update is its own AdamW step d (else Δθ = −η·g)."""
     lay = layout(optim, q.dim, workers)
+    own = [AdamW(np.zeros(q.dim, f32), adamw) for _ in range(workers)] if adamw else []
     _, sizes = q.tensors()
     kernel = Kernel(np.cumsum([0, *sizes]), prefer_extension=extension)
     master = MasterRule(optim, kernel, q.dim, workers, gap)
@@ -178,6 +183,10 @@ def _lockstep(optim: OptimConfig, q: Quadratic, extension: bool, workers: int, r
         pulled, version = theta.copy(), clock
         for w, rule in enumerate(rules, start=1):
             delta, _ = q.step(pulled, q.target(w), optim.lr)
+            if own:
+                g = q.h * (pulled - q.target(w))
+                eta = float(f32(optim.lr))  # η as the schedule gives it, in float32
+                delta = own[w - 1].step(g, pulled, eta, np.empty_like(pulled))
             assert _post(slot, rule.payload(delta, pulled)) in lay.update_lengths
             ok, stats = master.apply(theta, slot, clock - version, clock)
             assert ok and 0 < stats.scale_mean <= 1
@@ -199,6 +208,22 @@ def test_worker_and_master_rules_are_the_replay(wire, extension):
     ref = replay(log, q, GAP_AWARE, lr, wire=wire, ga_decay=0.99, ga_eps=1e-7)
     assert np.array_equal(_bits(theta), _bits(ref.theta))
     assert not np.array_equal(theta, replay(log, q, DOWNPOUR, lr, wire=wire).theta)
+
+
+@pytest.mark.parametrize("wire", [WIRE_F32, WIRE_BF16])
+@pytest.mark.parametrize("extension", [False, True], ids=["numpy", "c++"])
+def test_adamw_workers_and_the_master_are_the_replay(wire, extension):
+    """--optimizer adamw: each worker sends its AdamW step d (weight decay included) and the
+    master divides it by its penalty, v averaging d²: the replay's AdamW bit for bit, and
+    not DOWNPOUR's over the same steps (stale steps were penalised)."""
+    q, lr = Quadratic(257, 3), 0.01
+    adamw = AdamWConfig(betas="0.9,0.99", weight_decay=0.1)
+    optim = OptimConfig(method=GAP_AWARE, lr=lr, wire=wire, optimizer=OPT_ADAMW)
+    theta, log = _lockstep(optim, q, extension, workers=3, rounds=5, adamw=adamw)
+    ref = replay(log, q, GAP_AWARE, lr, wire=wire, adamw=adamw)
+    assert np.array_equal(_bits(theta), _bits(ref.theta))
+    assert not np.array_equal(theta, replay(log, q, DOWNPOUR, lr, wire=wire,
+                                            adamw=adamw).theta)
 
 
 @pytest.mark.parametrize("extension", [False, True], ids=["numpy", "c++"])

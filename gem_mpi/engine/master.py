@@ -615,12 +615,11 @@ def _momentum_note(cfg: Config, ckpt: checkpoint.Checkpoint) -> str:
     many GEM workers will find the momentum they saved when the run was stopped."""
     method = methods.of(cfg.method)
     state = method.master_state(cfg.optim)
-    if state is not None:
-        return f", {state} restored from the checkpoint"
+    master = "" if state is None else f", {state} restored from the checkpoint"
     adamw = cfg.optim.optimizer == OPT_ADAMW
     own = adamw or cfg.optim.local_steps > 1  # the worker's own optimizer keeps a state
-    if method.rule != RULE_GEM and not own:
-        return ""
+    if not own and (state is not None or method.rule != RULE_GEM):
+        return master
     directory, seqs = cfg.outputs.checkpoint_dir, ckpt.next_seq
     assert seqs is not None, "an asynchronous run's checkpoint"
     found = sum(
@@ -628,4 +627,5 @@ def _momentum_note(cfg: Config, ckpt: checkpoint.Checkpoint) -> str:
         is not None for w in range(len(seqs)) if seqs[w] > 0
     ) if directory else 0
     what = "AdamW state" if adamw else "local steps' momentum" if own else "momentum"
-    return f", worker {what} restored for {found} of {len(seqs)} workers (the rest start at 0)"
+    return (f"{master}, worker {what} restored for {found} of {len(seqs)} workers (the rest "
+            "start at 0)")

@@ -39,7 +39,6 @@ SMALL = ("--dataset", "synthetic", "--synthetic-size", "512", "--batch-size", "1
     (3, ("--optimizer", "adamw", "--betas", "0.9"), "--betas must be two numbers"),
     (3, ("--optimizer", "adamw", "--betas", "0.9,1"), "--betas must be two numbers"),
     (3, ("--optimizer", "adam"), "--optimizer must be one of sgd, adamw"),
-    (3, ("--optimizer", "adamw", "--method", "gap-aware"), "--method gap-aware is not built"),
     (2, ("--optimizer", "adamw", "--method", "ddp", "--momentum", "0.5"),
      "--momentum 0.5 is momentum SGD's: --optimizer adamw does not use it"),
     (3, ("--optimizer", "adamw", "--gem-shift", "paper"), "not derived for an AdamW proxy"),
@@ -93,9 +92,8 @@ def test_bad_input_is_one_line_from_the_preflight(monkeypatch, ranks, argv, says
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("method", ["sync", "ddp", "diloco"])
-def test_adamw_trains_the_synchronous_methods(method):
-    """Accepted by the preflight (its runs: tests/test_sync.py); Gap-Aware's AdamW form is
-    the one method still refused (above)."""
+@pytest.mark.parametrize("method", ["sync", "ddp", "diloco", "gap-aware", "dn"])
+def test_adamw_trains_every_method(method):
+    """Accepted by the preflight (its runs: tests/test_sync.py, tests/test_adamw.py)."""
     cfg, _ = config.parse(["--optimizer", "adamw", "--method", method, "--betas", "0.8,0.99"])
     validate(cfg, 2, data=False)
