@@ -162,6 +162,12 @@ class OptimConfig:
                            "SGD); a worker's batch is then H × --batch-size samples, split in "
                            "H, and --epochs and --max-steps count its updates; asynchronous "
                            "methods only", check=POSITIVE, metavar="H")
+    dylu: bool = opt(False, "dynamic local updates (Async Local-SGD's DyLU): each worker takes "
+                     "H_w = round(H · t_fast/t_w) local steps an update, at least 1, t_w its "
+                     "measured seconds per local step and t_fast the fastest worker's (which "
+                     "the master publishes with θ), so that every worker commits at about "
+                     "the fastest one's rate; an update of H_w steps trains on the first H_w "
+                     "parts of its batch; needs --local-steps H > 1, asynchronous methods only")
     # the workers and the kernel compute in float32: each value is checked as float32 sees it
     lr: float = opt(0.05, "learning rate η (> 0)", check=POSITIVE_F32)
     momentum: float = opt(0.9, "proxy momentum μ in [0, 1)", check=FRACTION_F32)

@@ -41,6 +41,7 @@ class MemoryWindows:
         self.ep: _MasterSide | None = None
         self.stop_code: int | None = None  # the word rank 0 said at its shutdown
         self.orders: dict[int, list] = {}
+        self.pace = 0.0  # what rank 0 published with θ (--dylu's fastest worker)
 
     def master(self, comm: object, layout: Layout, theta0: np.ndarray, version0: int = 0,
                ticket0: int = 0, zero: object = None) -> _MasterSide:
@@ -57,7 +58,8 @@ class MemoryWindows:
             return ep.theta.copy(), ep.version
 
     def post(self, worker: int, kind: int, seq: int, version: int,
-             parts: tuple[np.ndarray, ...], loss: float = 0.0) -> int:
+             parts: tuple[np.ndarray, ...], loss: float = 0.0, compute_s: float = 0.0,
+             steps: int = 0) -> int:
         """Wait until worker ``worker``'s slot is free, deposit a message as Mailbox.post
         lays it out (each part at a 4-byte boundary) and publish it with a ticket."""
         ep = self._ep()
@@ -72,7 +74,8 @@ class MemoryWindows:
                 offset += (raw.size + 3) // 4 * 4
             h = ep.headers[worker - 1]
             h["rank"], h["seq"], h["version"], h["kind"] = worker, seq, version, kind
-            h["nfloats"], h["loss"], h["compute_s"] = offset // 4, loss, 0.0
+            h["nfloats"], h["loss"], h["compute_s"] = offset // 4, loss, compute_s
+            h["steps"] = steps
             ticket = ep.tickets
             ep.tickets += 1
             ep.flags[worker - 1] = ticket + 1
@@ -143,9 +146,10 @@ class _MasterSide:
         with self.board.lock:
             self.writing = True
 
-    def end_write(self, version: int) -> None:
+    def end_write(self, version: int, pace: float = 0.0) -> None:
         with self.board.lock:
             self.version, self.writing = version, False
+            self.board.pace = pace
             self.board.lock.notify_all()
 
     def give(self, worker: int, runs: list[tuple[int, ...]]) -> None:
@@ -186,5 +190,10 @@ class _WorkerSide:
         return self.board.stop_code is None
 
     def commit(self, kind: int, seq: int, versions: list[int], loss: float = 0.0,
-               compute_s: float = 0.0, parts: tuple[np.ndarray, ...] = ()) -> None:
-        self.board.post(self.rank, kind, seq, versions[0], parts, loss)
+               compute_s: float = 0.0, parts: tuple[np.ndarray, ...] = (),
+               steps: int = 0) -> None:
+        self.board.post(self.rank, kind, seq, versions[0], parts, loss, compute_s, steps)
+
+    @property
+    def pace(self) -> float:
+        return self.board.pace

@@ -25,7 +25,7 @@ RECORDED = {
     "loader_workers", "wire", "ga_decay", "ga_eps", "diloco_steps", "diloco_outer_lr",
     "diloco_outer_momentum", "group_size", "worker_loss", "optimizer", "betas", "adam_eps",
     "weight_decay", "speeds", "context", "test_bytes", "gpt_layers", "gpt_heads", "gpt_width",
-    "flops", "local_steps", "dn_outer_lr", "dn_momentum", "dn_every", "tensorboard", "wandb",
+    "flops", "local_steps", "dylu", "dn_outer_lr", "dn_momentum", "dn_every", "tensorboard", "wandb",
     "keep_checkpoints", "interface", "profile_steps", "profile_dir",
 }
 

@@ -33,18 +33,33 @@ def _args(tmp_path, steps: int, *extra: str) -> list[str]:
                           eval_every=0)
 
 
-@pytest.mark.parametrize("every, optimizer, h, mode", [(0, "sgd", 1, "wait"),
-                                                       (2, "adamw", 4, "pipelined")])
-def test_delayed_nesterov_is_the_replay(tmp_path, every, optimizer, h, mode):
+@pytest.mark.parametrize("every, optimizer, h, mode, dylu", [
+    (0, "sgd", 1, "wait", False),
+    (2, "adamw", 4, "pipelined", False),
+    (0, "adamw", 4, "overlap", True),
+])
+def test_delayed_nesterov_is_the_replay(tmp_path, every, optimizer, h, mode, dylu):
     """N = the workers (0) with one plain step an update; N = 2 with AdamW workers taking 4
-    local steps an update (the paper's setting)."""
+    local steps an update (the paper's setting); and with dynamic local updates, worker 3
+    made 4 times slower than the others: it takes fewer steps an update than they do (every
+    update's steps in the log, the replay taking them from there)."""
     steps = 60
     extra = ("--optimizer", "adamw") if optimizer == "adamw" else ()
+    if dylu:
+        extra += ("--dylu", "--speeds", "1,1,4")
     res = train(WORKERS + 1, *_args(tmp_path, steps, *extra, "--dn-every", str(every),
                                     "--local-steps", str(h), "--worker-mode", mode))
     assert res.returncode == 0, res.stdout + res.stderr
     u = load_run(tmp_path / "run.h5").updates
     assert_exactly_once(u["worker"], u["seq"], range(1, WORKERS + 1), steps)
+    if dylu:
+        taken = {w: u["steps"][u["worker"] == w] for w in range(1, WORKERS + 1)}
+        assert all(((1 <= t) & (t <= h)).all() for t in taken.values())
+        fast = np.concatenate([taken[1], taken[2]])
+        assert taken[3].mean() < fast.mean(), {w: t.tolist() for w, t in taken.items()}
+        assert fast.max() == h and taken[3].min() < h
+    elif h > 1:
+        assert (u["steps"] == h).all()
     q, dn = Quadratic(DIM, 0), DnConfig(dn_every=every, **OPTIONS)
     adamw = AdamWConfig() if optimizer == "adamw" else None
     ref = replay(u, q, "dn", LR, window=len(u["worker"]) + 1, adamw=adamw, local_steps=h,
@@ -56,9 +71,15 @@ def test_delayed_nesterov_is_the_replay(tmp_path, every, optimizer, h, mode):
     assert not np.allclose(theta, plain.theta)  # the outer step is not DOWNPOUR's
 
 
-def test_a_stopped_dn_run_resumes_its_momentum(tmp_path):
-    steps = 4000
-    args = _args(tmp_path, steps, "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "0.1")
+@pytest.mark.parametrize("dylu", [False, True])
+def test_a_stopped_dn_run_resumes_its_momentum(tmp_path, dylu):
+    """With --dylu (AdamW workers, 4 local steps, one 3 times slower) the resumed workers
+    measure their speeds afresh: the run is still the replay of its log bit for bit."""
+    steps, h = (1000, 4) if dylu else (4000, 1)
+    extra = ("--optimizer", "adamw", "--local-steps", "4", "--dylu", "--speeds",
+             "1,3,1") if dylu else ()
+    args = _args(tmp_path, steps, *extra, "--checkpoint-dir", str(tmp_path),
+                 "--checkpoint-every", "0.1")
     proc = train_background(WORKERS + 1, *args)
     err = signal_when(proc, checkpoint_after_start(tmp_path))
     assert proc.returncode == 3, err
@@ -67,5 +88,6 @@ def test_a_stopped_dn_run_resumes_its_momentum(tmp_path):
     assert "delayed Nesterov's momentum restored from the checkpoint" in res.stderr
     u = load_run(tmp_path / "run.h5").updates
     assert u["clock"].tolist() == list(range(WORKERS * steps))
-    ref = replay(u, Quadratic(DIM, 0), "dn", LR, dn=DnConfig(**OPTIONS))
+    ref = replay(u, Quadratic(DIM, 0), "dn", LR, dn=DnConfig(**OPTIONS), local_steps=h,
+                 adamw=AdamWConfig() if dylu else None)
     assert np.array_equal(np.load(tmp_path / "theta.npy"), ref.theta)

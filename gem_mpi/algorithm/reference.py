@@ -30,7 +30,9 @@ AdamW moments (m, v, t) across the log and its update is its AdamW step d at the
 m ← m + (1 − β₁)(g − m), v ← β₂v + (1 − β₂)g², d = −(η/(1 − β₁ᵗ))·m/(√v/√(1 − β₂ᵗ) + ε)
 − ηλ·s; GEM's budget is a = κ|d| (no proxy momentum), the baselines apply d as they apply Δθ.
 With ``local_steps`` H > 1 an update is H such steps (AdamW's, or momentum SGD's b ← μb + g,
-d = −ηb) from the pulled θ on the worker's own copy, Δ = θ_H − s, and GEM's a = κ|Δ|.
+d = −ηb) from the pulled θ on the worker's own copy, Δ = θ_H − s, and GEM's a = κ|Δ|; an
+update's steps are the log's ``steps`` where it has them (--dylu takes fewer than H on a slower
+worker), step i taking η of the i-th of the update's H.
 
 Delayed Nesterov (``dn``) keeps one p across the log: θ ← θ + (η_o/N)·Δ and p ← p + Δ/N each
 update, and every N-th update θ ← θ + η_o·β·p, p ← β·p (:class:`gem_mpi.algorithm.rule.
@@ -150,6 +152,9 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
     out = Replay(theta)
     with_seq = schedule is not None or new_at_seq0
     seqs = log["seq"].tolist() if with_seq else [0] * len(log["worker"])
+    # each update's local steps: the log's (--dylu varies them), else H throughout
+    taken = (log["steps"].tolist() if local_steps > 1 and "steps" in log
+             else [local_steps] * len(log["worker"]))
     for clock, (w, pulled, tau, seq) in enumerate(zip(log["worker"].tolist(),
                                                       log["version_pulled"].tolist(),
                                                       log["staleness"].tolist(), seqs)):
@@ -173,7 +178,7 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
             delta = f32(-eta) * g if adamw is None else adamw_step(w, g, at, eta)
         else:  # H steps of its own optimizer from the point on its own copy: Δ = θ_H − θ₀
             local, losses = at, 0.0
-            for i in range(local_steps):
+            for i in range(taken[clock]):
                 diff = local - targets[w]
                 losses += 0.5 * float(np.dot(q.h * diff, diff))
                 g = clip(q.h * diff, clip_norm)
@@ -183,7 +188,7 @@ def replay(log: Mapping[str, np.ndarray], q: Quadratic, method: str, lr: float,
                     local = local + buf[w] * f32(-float(eta))
                 else:
                     local = local + adamw_step(w, g, local, eta)
-            out.losses.append(losses / local_steps)
+            out.losses.append(losses / taken[clock])
             delta = local - at
         mine[w] = [*mine[w][-1:], (clock, delta)]
         sent = _bf16(delta, BF16_NEAREST_EVEN) if bf16 else delta  # what the master reads

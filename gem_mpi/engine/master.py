@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gem_mpi import methods
+from gem_mpi.algorithm.dylu import Paces
 from gem_mpi.algorithm.kernel import GapStats, GemStats, Kernel, kernel_threads, node_cores_left
 from gem_mpi.algorithm.rule import MasterRule
 from gem_mpi.config import LOSS_CONTINUE, OPT_ADAMW, Config
@@ -78,6 +79,7 @@ class Applied:
     version_pulled: int
     loss: float
     compute_s: float
+    steps: int  # its local steps (--local-steps; --dylu varies them)
     ok: bool  # False: rejected (NaN or Inf), θ untouched
     clock: int  # θ's version before it
     staleness: int
@@ -141,6 +143,8 @@ class Master:
         self.eval_split = cfg.data.eval_split  # what the end line calls the evaluation
         self.exit_timeout = cfg.monitor.exit_timeout
         self.roster = Roster(self.n_workers)  # who is done, who left
+        # --dylu: each worker's seconds per local step, the fastest published with θ
+        self.paces = Paces(self.n_workers) if cfg.optim.dylu else None
         self.ep.tolerant = cfg.runtime.worker_loss == LOSS_CONTINUE
         self._lost: set[int] = set()  # workers whose death was handled (--worker-loss)
         self.dealer: Dealer | None = None  # rank 0: a departed worker's batches (attach)
@@ -427,11 +431,14 @@ class Master:
             apply_s = clock_fn() - t
             apply_total += apply_s
             batch.append(Applied(msg.rank, msg.seq, msg.ticket, msg.version, msg.loss,
-                                 msg.compute_s, ok, self.clock, staleness, apply_s,
+                                 msg.compute_s, msg.steps, ok, self.clock, staleness, apply_s,
                                  sup.since_start(t), stats))
+            if self.paces is not None:  # its seconds per local step, whether applied or not
+                self.paces.observe(msg.rank, msg.compute_s, msg.steps)
             if ok:
                 self.clock += 1
-        self.ep.end_write(self.clock)
+        # --dylu: the fastest worker's seconds per local step, read with θ by every pull
+        self.ep.end_write(self.clock, 0.0 if self.paces is None else self.paces.fastest)
         # and after the write, not inside it: an entry that finds nothing to do may yield
         # the core (oversubscribed Open MPI), and every pull waits while θ is being written
         self.ep.progress.once()
@@ -517,6 +524,8 @@ class Master:
                     "version_pulled": u.version_pulled, "clock": u.clock,
                     "staleness": u.staleness, "loss": u.loss, "queue": queue,
                     "compute_s": u.compute_s, "apply_s": u.apply_s}
+                if self.cfg.optim.local_steps > 1:
+                    row["steps"] = u.steps
                 if isinstance(u.stats, GapStats):
                     row["ga_scale_mean"] = u.stats.scale_mean
                 elif u.stats is not None:
@@ -529,7 +538,7 @@ class Master:
                                energy_central=s.energy_central, energy_proxy=s.energy_proxy)
                 sup.record_update(row)
             self.recent_staleness = 0.95 * self.recent_staleness + 0.05 * u.staleness
-            sup.observe(u.loss, u.clock, theta)
+            sup.observe(u.loss, u.clock, theta, u.steps / self.cfg.optim.local_steps)
             if sup.eval_due(u.clock):
                 sup.evaluate(self.theta(), self.clock)
 

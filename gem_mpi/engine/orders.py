@@ -28,7 +28,7 @@ def wait_order(w: WorkerStep, start_seq: int, version: Versions) -> tuple[bool, 
             return False, version
         delta, loss, compute_s = w.compute(seq)
         parts = w.payload(delta, ep.theta)
-        ep.commit(UPDATE, seq, version, loss, compute_s, parts)
+        ep.commit(UPDATE, seq, version, loss, compute_s, parts, w.steps_of(seq))
         split.charge("commit")
         if not ep.wait_slot_free():
             return True, version
@@ -62,7 +62,7 @@ def pipelined_order(w: WorkerStep, start_seq: int, version: Versions) -> tuple[b
         parts = w.payload(delta, s)
         pulled = ep.pull()
         split.charge("pull")
-        ep.commit(UPDATE, seq, version, loss, compute_s, parts)
+        ep.commit(UPDATE, seq, version, loss, compute_s, parts, w.steps_of(seq))
         split.charge("commit")
         version = pulled
         w.report(seq, loss)
@@ -123,7 +123,8 @@ def overlap_order(w: WorkerStep, start_seq: int, version: Versions) -> tuple[boo
                 if delta is None:
                     delta = w.steps_fn.settle(seq, done.delta)
                 parts = w.payload(delta, thetas[turn], done.on_device)
-                ep.commit(UPDATE, seq, versions[turn], done.loss, done.compute_s, parts)
+                ep.commit(UPDATE, seq, versions[turn], done.loss, done.compute_s, parts,
+                          w.steps_of(seq))
                 split.charge("commit")
                 w.report(seq, done.loss)
         finally:  # a stop or an error: the step in hand ends before the pool does

@@ -217,7 +217,8 @@ class Follower:
         poisoned in every shard's (:meth:`Plan.poison_all`), so the lead's rows already name
         each one once; this shard's count reaches ``/summary/shard_rejected`` in its Final."""
 
-    def observe(self, loss: float, position: int, theta: np.ndarray) -> None:
+    def observe(self, loss: float, position: int, theta: np.ndarray,
+                share: float = 1.0) -> None:
         """The lead watches the loss; each shard watches its own θ (every 100 updates)."""
         if position % 100 == 0 and not self._reported:
             with np.errstate(over="ignore", invalid="ignore"):

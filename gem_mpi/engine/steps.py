@@ -58,8 +58,10 @@ class Steps(Protocol[M]):
     def momentum_like(self) -> M:
         """An array of θ's size where GEM's m is to live (the rule makes m like it)."""
 
-    def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray | None, float]:
-        """Step ``seq`` at ``theta``: (Δθ on the host, or None when settle makes it, loss)."""
+    def __call__(self, theta: np.ndarray, seq: int, h: int | None = None
+                 ) -> tuple[np.ndarray | None, float]:
+        """Step ``seq`` at ``theta``: (Δθ on the host, or None when settle makes it, loss);
+        ``h``: its local steps, ≤ --local-steps H (--dylu; None: H)."""
 
     def settle(self, seq: int, delta: np.ndarray | None) -> np.ndarray:
         """Step ``seq``'s Δθ on the host, on the thread that sends it."""
@@ -112,7 +114,8 @@ class QuadraticSteps:
     def momentum_like(self) -> np.ndarray:
         return np.zeros(self.n, np.float32)
 
-    def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray, float]:
+    def __call__(self, theta: np.ndarray, seq: int, h: int | None = None
+                 ) -> tuple[np.ndarray, float]:
         if self.plain and self.own is None:
             return self.q.step(theta, self.target, self.lr)
         if self.own is None:
@@ -124,16 +127,17 @@ class QuadraticSteps:
             loss = 0.5 * float(np.dot(self.q.h * diff, diff))
             return self.own.step(clip(self.q.h * diff, self.clip_norm), theta,
                                  float(self.schedule.eta(seq)), np.empty_like(theta)), loss
-        # --local-steps H: H steps from θ₀ = theta on its own copy, Δ = θ_H − θ₀, the loss the
-        # mean of the steps'
+        # --local-steps H: H steps (--dylu: h ≤ H) from θ₀ = theta on its own copy,
+        # Δ = θ_h − θ₀, the loss the mean of the steps'; step i's η is the i-th of seq's H
+        steps = self.h if h is None else h
         local, losses, d = theta.copy(), 0.0, np.empty_like(theta)
-        for i in range(self.h):
+        for i in range(steps):
             diff = local - self.target
             losses += 0.5 * float(np.dot(self.q.h * diff, diff))
             g = clip(self.q.h * diff, self.clip_norm)
             local += self.own.step(g, local, float(self.schedule.eta(seq * self.h + i)), d,
                                    fresh=i == 0)
-        return local - theta, losses / self.h
+        return local - theta, losses / steps
 
     def host(self, a: np.ndarray) -> np.ndarray:
         return a
@@ -222,7 +226,8 @@ class TorchSteps:
         assert self.turns.delta is not None, "asked at set-up, before release()"
         return self.turns.delta
 
-    def __call__(self, theta: np.ndarray, seq: int) -> tuple[np.ndarray | None, float]:
+    def __call__(self, theta: np.ndarray, seq: int, h: int | None = None
+                 ) -> tuple[np.ndarray | None, float]:
         copies, turns, from_numpy = self.copies, self.turns, self.torch.from_numpy
         t = time.perf_counter()
         start = None
@@ -243,7 +248,7 @@ class TorchSteps:
         assert grad is not None, "a step after release()"
         delta: torch.Tensor | None
         if self.theta_local is not None:  # --local-steps H > 1
-            loss = self._local_steps(x, y, flat, seq)
+            loss = self._local_steps(x, y, flat, seq, self.h if h is None else h)
             delta = turns.difference(turn, self.theta_local, flat)
         else:
             loss = self.local.forward_backward(x, y)  # into turns.grad (float32 parameters)
@@ -265,14 +270,15 @@ class TorchSteps:
         return copies.delta_hosts[turn].numpy(), float(copies.loss_host[0])
 
     def _local_steps(self, x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
-                     seq: int) -> torch.Tensor:
-        """--local-steps H: H steps of its own optimizer from θ₀ = ``theta`` on the copy the
-        parameters view, one part of the update's batch each; the steps' mean loss."""
+                     seq: int, h: int) -> torch.Tensor:
+        """--local-steps H: ``h`` ≤ H steps of its own optimizer from θ₀ = ``theta`` on the
+        copy the parameters view, one part of the update's batch of H each (--dylu: a worker
+        taking h < H skips the last H − h parts); the steps' mean loss."""
         local, own, grad, d = self.theta_local, self.own, self.turns.grad, self._d
         assert local is not None and own is not None and grad is not None and d is not None, \
             "made for --local-steps"
         local.copy_(theta)
-        parts = list(zip(x.split(self.batch_size), y.split(self.batch_size)))
+        parts = list(zip(x.split(self.batch_size), y.split(self.batch_size)))[:h]
         total = self.torch.zeros((), device=self.device)
         for i, (xi, yi) in enumerate(parts):
             if i:

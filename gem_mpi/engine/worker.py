@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from gem_mpi.algorithm.dylu import WorkerSteps
 from gem_mpi.algorithm.kernel import load_extension
 from gem_mpi.algorithm.optim import States
 from gem_mpi.algorithm.rule import Momentum, WorkerRule
@@ -73,7 +74,8 @@ def _set_up(cfg: Config, comm: MPI.Intracomm, plan: Plan, problem: Problem,
     return WorkerStep(cfg, rank, steps_fn, ep, rule,
                        plan.poison_all if plan.masters > 1 else None,
                        slowness(cfg, comm.Get_size(), rank),
-                       StepProfiler(cfg.outputs, getattr(steps_fn.device, "type", "") == "cuda"))
+                       StepProfiler(cfg.outputs, getattr(steps_fn.device, "type", "") == "cuda"),
+                       dylu=WorkerSteps(cfg.optim.local_steps) if cfg.optim.dylu else None)
 
 
 DEPARTED = -1  # run_worker's own code for a worker that left the run (never a stop word)

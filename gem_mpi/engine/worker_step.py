@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from gem_mpi.algorithm.dylu import WorkerSteps
 from gem_mpi.algorithm.rule import WorkerRule
 from gem_mpi.config import OVERLAP, Config, OutputConfig
 from gem_mpi.engine.steps import Steps
@@ -78,6 +79,8 @@ class WorkerStep:
     split: TimeSplit = field(default_factory=TimeSplit)
     left_at: int | None = None  # its updates when it left (all committed)
     orders: int = 0  # the master's orders of more batches taken
+    # --dylu: its own pace and each update's steps; None: every update --local-steps H
+    dylu: WorkerSteps | None = None
 
     def leave_now(self, seq: int) -> bool:
         """Before step ``seq`` (updates 0..seq−1 committed): whether to leave the run now."""
@@ -94,15 +97,27 @@ class WorkerStep:
                                 self.steps_fn.gpu_s, self.ep.backoff_s,
                                 0.0 if overlapped or group is None else group.allreduce_s)
 
+    def local_steps(self, seq: int) -> int | None:
+        """--dylu: update ``seq``'s local steps, from this worker's pace and the fastest one's
+        as published with the θ last pulled; None: --local-steps H."""
+        return None if self.dylu is None else self.dylu.decide(seq, self.ep.pace)
+
+    def steps_of(self, seq: int) -> int:
+        """The local steps update ``seq`` took, for its commit's header."""
+        return self.cfg.optim.local_steps if self.dylu is None else self.dylu.committed(seq)
+
     def compute(self, seq: int, at: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
         """Δθ and the loss of step ``seq`` at ``at`` (default: the θ in hand), and its compute
         seconds (times the --straggler factor, slept here)."""
+        h = self.local_steps(seq)
         with self.profiler.range("gem_mpi.compute"):
-            delta, loss = self.steps_fn(self.ep.theta if at is None else at, seq)
+            delta, loss = self.steps_fn(self.ep.theta if at is None else at, seq, h)
         assert delta is not None, "only --worker-mode overlap defers Δθ (its own step())"
         compute_s = self.split.charge("compute")  # θ into the model, forward, backward, Δθ
         compute_s = self.straggle(compute_s)
         self.split.charge("straggle")
+        if self.dylu is not None:
+            self.dylu.measured(seq, compute_s)
         return delta, loss, compute_s
 
     def straggle(self, compute_s: float) -> float:
@@ -115,11 +130,15 @@ class WorkerStep:
     def step(self, seq: int, theta: np.ndarray) -> Step:
         """Step ``seq`` at ``theta``, on the compute thread (--worker-mode overlap): no MPI,
         no time split (the thread that calls MPI keeps it)."""
+        h = self.local_steps(seq)
         t = time.perf_counter()
         with self.profiler.range("gem_mpi.compute"):
-            delta, loss = self.steps_fn(theta, seq)  # Δθ None: settle() makes it
+            delta, loss = self.steps_fn(theta, seq, h)  # Δθ None: settle() makes it
         on_device = self.steps_fn.delta_on_device
-        return Step(delta, on_device, loss, self.straggle(time.perf_counter() - t))
+        compute_s = self.straggle(time.perf_counter() - t)
+        if self.dylu is not None:
+            self.dylu.measured(seq, compute_s)
+        return Step(delta, on_device, loss, compute_s)
 
     def payload(self, delta: np.ndarray, s: np.ndarray,
                 delta_on_device: object = None) -> tuple[np.ndarray, ...]:

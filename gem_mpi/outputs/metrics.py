@@ -50,6 +50,8 @@ GEM_COLUMNS = [
 ]
 # --method gap-aware: the mean over the elements of 1/P, the share of Δθ applied
 GAP_AWARE_COLUMNS = [("ga_scale_mean", "f4")]
+# --local-steps H > 1: the local steps each update took (H; fewer for a slower worker, --dylu)
+LOCAL_STEPS_COLUMNS = [("steps", "i4")]
 # --method sync: one row per synchronous step (every worker's gradient averaged); worker,
 # ticket, staleness, queue and the GEM columns have no meaning there and are not written
 SYNC_COLUMNS = [
@@ -218,6 +220,8 @@ class MetricsWriter:
                      ("clamp_low", "f4", (k,)), ("zero_delta", "f4", (k,))]
         if config["method"] == "gap-aware":
             cols += [(n, d, ()) for n, d in GAP_AWARE_COLUMNS]
+        if not sync and config.get("local_steps", 1) > 1:
+            cols += [(n, d, ()) for n, d in LOCAL_STEPS_COLUMNS]
         self.updates = _Table(f.create_group("updates"), cols)
         f.attrs["masters"] = masters
         self.shard_tables = [_Table(f.create_group(f"shard{k}"), cols)

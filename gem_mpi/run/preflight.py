@@ -237,9 +237,15 @@ def _check_dn(cfg: Config) -> None:
 
 
 def _check_local_steps(cfg: Config) -> None:
-    """--local-steps: the asynchronous methods' workers, alone, with the shift GEM's budget
-    κ|Δ| is derived for."""
+    """--local-steps (and --dylu, which varies it): the asynchronous methods' workers, alone,
+    with the shift GEM's budget κ|Δ| is derived for."""
     h, o = cfg.optim.local_steps, cfg.optim
+    if o.dylu and synchronous(cfg.method):
+        raise UsageError(f"--dylu is for the asynchronous methods: --method {cfg.method} is "
+                         "synchronous, every worker a step of each round")
+    if o.dylu and h == 1:
+        raise UsageError("--dylu sets each worker's local steps below --local-steps H: give "
+                         "--local-steps H > 1 (the fastest worker's steps an update)")
     if h == 1:
         return
     if synchronous(cfg.method):

@@ -14,6 +14,7 @@ Each ends as one :class:`Outcome`, mapped to the process's exit code by :data:`E
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import math
@@ -171,7 +172,8 @@ class Supervisor(Protocol):
 
     def record_rejected(self, row: dict) -> None: ...
 
-    def observe(self, loss: float, position: int, theta: np.ndarray) -> None: ...
+    def observe(self, loss: float, position: int, theta: np.ndarray,
+                share: float = 1.0) -> None: ...
 
     def eval_due(self, position: int) -> bool: ...
 
@@ -287,6 +289,7 @@ class RunSupervisor:
         if self.throughput.note:
             say(self.throughput.note)
         self.tokens_per = self.throughput.samples * self.throughput.tokens
+        self._shares = [0.0, 0]  # this start's updates' shares of their batch (observe)
         self.progress = ProgressLine(self.monitor.log_every, unit="upd" if noun == "update"
                                      else "step", noun=f"{noun}s", throughput=self.throughput)
         self.scalars: LiveScalars | None = None
@@ -380,9 +383,21 @@ class RunSupervisor:
     def recent_loss(self) -> float:
         return self.losses.recent
 
-    def observe(self, loss: float, position: int, theta: np.ndarray) -> None:
-        """A worker loss at ``position``: smooth it, and look for divergence."""
+    def observe(self, loss: float, position: int, theta: np.ndarray,
+                share: float = 1.0) -> None:
+        """A worker loss at ``position``: smooth it, and look for divergence. ``share``: the
+        part of its batch the update trained on (--dylu: its steps over H)."""
         self.losses.observe(loss, position, theta)
+        self._shares[0] += share
+        self._shares[1] += 1
+
+    def _counted(self) -> Throughput:
+        """The throughput as trained: an update's samples times the mean share of its batch
+        this start's updates trained on (1 but under --dylu)."""
+        total, n = self._shares
+        if not n or total == n:
+            return self.throughput
+        return dataclasses.replace(self.throughput, samples=self.throughput.samples * total / n)
 
     def eval_due(self, position: int) -> bool:
         """After every --eval-every-th update or step (``position``: the one just recorded)."""
@@ -435,6 +450,7 @@ class RunSupervisor:
         """The progress line, when one is due (``status`` is called only then)."""
         if self.progress.due():
             rate = self.rate()
+            self.progress.throughput = self._counted()
             self.progress.update(self.position, rate, status())
             if self.scalars is not None:
                 self.scalars.tick(self.position, self.rate_scalars(rate))
@@ -447,7 +463,7 @@ class RunSupervisor:
         """The live scalars of ``rate`` updates (steps) per second."""
         unit = "updates_per_s" if self.noun == "update" else "steps_per_s"
         return {f"speed/{unit}": rate,
-                **{f"speed/{k}": v for k, v in self.throughput.rates(rate).items()}}
+                **{f"speed/{k}": v for k, v in self._counted().rates(rate).items()}}
 
     def begin(self) -> None:
         """Training starts now (set-up time is not the run's)."""
@@ -487,9 +503,10 @@ class RunSupervisor:
             return outcome
         wall = self.elapsed()
         base = {"updates": self.position, "wall_s": wall}
-        if self.tokens_per:
-            base["tokens"] = self.position * self.tokens_per
-        base.update(self.throughput.rates(self.rate()))
+        counted = self._counted()
+        if self.tokens_per:  # (the share of this start's updates taken for the earlier ones')
+            base["tokens"] = self.position * counted.samples * counted.tokens
+        base.update(counted.rates(self.rate()))
         engine = self.engine
         if outcome is Outcome.FINISHED:
             test_loss, test_acc = self.evaluator.final(engine.theta(), self.position, wall)

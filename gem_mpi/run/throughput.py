@@ -70,7 +70,7 @@ def flops_per_sample(model: Any, batch: tuple[Any, Any], loss: Callable[[Any, An
 class Throughput:
     """What one update (or synchronous step) trains on, to read its rate as samples/s."""
 
-    samples: int  # samples one update or step trains on (all workers' for a step)
+    samples: float  # samples one update or step trains on (all workers' for a step)
     workers: int
     tokens: int = 0  # tokens of one sample (text: its context); 0 for other data
     flops: float = 0.0  # model FLOPs of one sample, forward and backward; 0: not counted

@@ -149,8 +149,9 @@ class MasterEndpoint(_Endpoint):
     def begin_write(self) -> None:
         self.theta_window.begin_write(self.progress)
 
-    def end_write(self, version: int) -> None:
-        self.theta_window.end_write(version)
+    def end_write(self, version: int, pace: float = 0.0) -> None:
+        """θ's new ``version``; ``pace``: published with it (--dylu's fastest worker)."""
+        self.theta_window.end_write(version, pace)
 
     def give(self, worker: int, runs: Sequence[tuple[int, ...]]) -> None:
         """Order worker ``worker``, waiting after its DONE, to train ``runs`` next."""
@@ -225,12 +226,14 @@ class WorkerEndpoint(_Endpoint):
         return self.stop_code() == RUNNING
 
     def commit(self, kind: int, seq: int, version: int, loss: float = 0.0,
-               compute_s: float = 0.0, parts: tuple[np.ndarray, ...] = ()) -> int:
-        """Post one message; returns its ticket."""
+               compute_s: float = 0.0, parts: tuple[np.ndarray, ...] = (),
+               steps: int = 0) -> int:
+        """Post one message (``steps``: an update's local steps); returns its ticket."""
         if self._pending and not self.wait_slot_free():
             raise RuntimeError("commit after the master stopped the run")
         ticket = self.mailbox.post(self.slot, self.tickets, parts, rank=self.rank, seq=seq,
-                                   version=version, kind=kind, loss=loss, compute_s=compute_s)
+                                   version=version, kind=kind, loss=loss, compute_s=compute_s,
+                                   steps=steps)
         self._pending = True
         return ticket
 
@@ -330,14 +333,21 @@ class WorkerShards:
         return all(ep.wait_slot_free() for ep in self.eps)
 
     def commit(self, kind: int, seq: int, versions: list[int], loss: float = 0.0,
-               compute_s: float = 0.0, parts: tuple[np.ndarray, ...] = ()) -> None:
+               compute_s: float = 0.0, parts: tuple[np.ndarray, ...] = (),
+               steps: int = 0) -> None:
         """Post one message to every shard: each its slice of every part (a DONE's parts,
         shorter than θ, go whole to each)."""
         if len(self.eps) > 1 and not self.wait_slot_free():
             raise RuntimeError("commit after the master stopped the run")
         for ep, (lo, hi), version in zip(self.eps, self.bounds, versions):
             mine = parts if kind in SIGN_OFFS else tuple(p[lo:hi] for p in parts)
-            ep.commit(kind, seq, version, loss, compute_s, mine)
+            ep.commit(kind, seq, version, loss, compute_s, mine, steps)
+
+    @property
+    def pace(self) -> float:
+        """The value rank 0 published with the θ last pulled (--dylu: the fastest worker's
+        seconds per local step; 0 before any)."""
+        return self.lead.theta_window.pace
 
     def wait_shutdown(self, limit: float = 50e-3) -> int:
         return self.lead.wait_shutdown(limit)

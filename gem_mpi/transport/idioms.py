@@ -45,10 +45,11 @@ from gem_mpi.transport.runtime import MASTER, MPI
 
 HEADER_BYTES = 64
 
-# A mailbox message's header: 64 bytes, read on rank 0 as one record.
+# A mailbox message's header: 64 bytes, read on rank 0 as one record (steps: the local steps
+# an update took, which --dylu varies; 0 in a sign-off)
 HEADER = np.dtype([("rank", "<i8"), ("seq", "<i8"), ("version", "<i8"), ("kind", "<i8"),
                    ("nfloats", "<i8"), ("loss", "<f8"), ("compute_s", "<f8"),
-                   ("_pad", "<i8")])
+                   ("steps", "<i8")])
 assert HEADER.itemsize == HEADER_BYTES
 
 
@@ -166,8 +167,9 @@ class VersionedArray(_Window):
     starved by back-to-back writes, and a dead reader costs at most ``hold_s`` per write.
     """
 
-    # header: int64 words at these byte offsets
-    _SEQ, _VERSION, _WANTED = 0, 8, 16
+    # header: int64 words at these byte offsets, and a float64 one: a value rank 0 publishes
+    # with θ (--dylu: the fastest worker's seconds per local step), valid as the θ read is
+    _SEQ, _VERSION, _WANTED, _PACE = 0, 8, 16, 24
 
     def __init__(self, comm: MPI.Intracomm, n: int, hold_s: float = 20e-3,
                  zero: Zero | None = None, into: np.ndarray | None = None) -> None:
@@ -185,6 +187,7 @@ class VersionedArray(_Window):
         self._header = np.zeros(HEADER_BYTES // 8, np.int64)
         if self.is_master:
             self._words = self.memory[:HEADER_BYTES].view(np.int64)
+            self._reals = self.memory[:HEADER_BYTES].view(np.float64)
             self.data = self.memory[HEADER_BYTES:].view(np.float32)
             self._backoff = Backoff(first=5e-6, limit=200e-6)
             self.held_s = 0.0  # seconds rank 0 held writes back for a reader
@@ -199,6 +202,7 @@ class VersionedArray(_Window):
             self._wait = rma_backoff()
             self._again_wait = rma_backoff()  # between a failed read and the next
             self.retries = 0  # reads that overlapped a write and were done again
+            self.pace = 0.0  # the float word published with the θ last read
 
     # rank 0
     def set(self, values: np.ndarray, version: int) -> None:
@@ -235,10 +239,12 @@ class VersionedArray(_Window):
         self._words[self._WANTED // 8] = 0
         self.win.Sync()
 
-    def end_write(self, version: int) -> None:
+    def end_write(self, version: int, pace: float = 0.0) -> None:
+        """θ's ``version`` is written; ``pace``: the float word readers get with it."""
         words = self._words
         self.win.Sync()  # the data before the word that validates it
         words[self._VERSION // 8] = version
+        self._reals[self._PACE // 8] = pace
         words[self._SEQ // 8] += 1  # even: a consistent state
         self.win.Sync()
 
@@ -282,6 +288,7 @@ class VersionedArray(_Window):
             self._again_wait.wait()
         if wanted:
             self._want(-1)
+        self.pace = float(head.view(np.float64)[self._PACE // 8])
         return int(head[self._VERSION // 8])
 
 
@@ -365,6 +372,7 @@ class Message:
     nfloats: int
     loss: float
     compute_s: float
+    steps: int
 
     def __init__(self, slot: int, ticket: int, header: np.void, payload: np.ndarray) -> None:
         self.slot, self.ticket, self.header, self.payload = slot, ticket, header, payload
