@@ -260,8 +260,9 @@ class DataConfig:
                            "scalar tensor); default: nll for the built-in models (they end in "
                            "log_softmax), cross_entropy for a model of your own",
                            metavar="LOSS")
-    data_dir: str | None = opt(None, "dataset location (default: Debian's "
-                               "/usr/share/datasets/fashion-mnist, then ~/.cache/gem_mpi/data; "
+    data_dir: str | None = opt(None, "dataset location (default: ~/.cache/gem_mpi/data, where "
+                               "tools/install.sh unpacks Fashion-MNIST, then Debian's "
+                               "/usr/share/datasets/fashion-mnist; "
                                "--dataset text: the text files under it, by default the running "
                                "Python's standard-library sources)")
     batch_size: int = opt(64, "worker mini-batch b", check=POSITIVE)

@@ -397,3 +397,23 @@ def test_start_skips_batches_exactly():
             assert len(tail) == len(full) - start
             for (x, y), (x2, y2) in zip(tail, full[start:]):
                 assert torch.equal(x, x2) and torch.equal(y, y2)
+
+
+def test_unpacked_fashion_mnist_holds_the_same_bytes_and_is_written_once(tmp_path):
+    """tools/install.sh's copy (gem_mpi.problem.idx.unpack): the IDX bytes of Debian's gzip
+    files, read as they are; a second unpack writes nothing; a torn copy is written again."""
+    from gem_mpi.problem.idx import read_split, unpack
+
+    dest = tmp_path / "FashionMNIST" / "raw"
+    assert len(unpack(FASHION, dest)) == 4
+    for name in IDX_NAMES:
+        assert (dest / name).read_bytes() == gzip.decompress((FASHION / f"{name}.gz").read_bytes())
+    assert not list(dest.glob(".*"))  # no temporary file left
+    assert unpack(FASHION, dest) == []
+    x, y = read_split("fashion-mnist", str(tmp_path), "test")
+    x0, y0 = read_split("fashion-mnist", str(FASHION), "test")
+    assert np.array_equal(x, x0) and np.array_equal(y, y0)
+    labels = dest / "t10k-labels-idx1-ubyte"
+    labels.write_bytes(labels.read_bytes()[:100])
+    assert unpack(FASHION, dest) == [labels]
+    assert np.array_equal(read_split("fashion-mnist", str(tmp_path), "test")[1], y0)

