@@ -118,24 +118,30 @@ def test_slurm_local_is_idempotent_and_quick_when_running(slurm):
     assert conf.startswith("# gem_mpi local test cluster")
 
 
-def test_gem_100_workers_runs_all_101_tasks_to_completion(slurm, tmp_path):
-    """The default script, as is (101 tasks, srun --mpi=pmix), with the quadratic instead
-    of the paper's net and 5 steps per worker."""
+def test_gem_100_asks_for_101_tasks_and_runs_every_task_to_completion(slurm, tmp_path):
+    """The default script: Slurm reads its request as 101 tasks (``sbatch --test-only``,
+    nothing run: 101 ranks are tools/scale.sh's scale check, not a test), and the script as
+    is, with 17 of them (srun --mpi=pmix), the quadratic instead of the paper's net and 5
+    steps per worker, runs every task to completion."""
+    test = subprocess.run(["sbatch", "--test-only", str(JOBS / "gem_mnist_100.sbatch")],
+                          env=job_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert test.returncode == 0 and " using 101 processors " in test.stderr, test.stderr
     env = job_env(tmp_path, GEM_TRAIN_ARGS=f"{QUAD} --max-steps 5")
-    job = sbatch(JOBS / "gem_mnist_100.sbatch", env=env, cwd=tmp_path)
+    job = sbatch(JOBS / "gem_mnist_100.sbatch", "--ntasks=17", env=env, cwd=tmp_path)
     [rec] = wait(job, 300, tmp_path)
     log_path = tmp_path / f"gem_mnist_100_{job}.out"  # %x_%j
     log = log_path.read_text()
     ended_ok(rec, log)
-    assert rec["NumTasks"] == "101"
-    assert "101 ranks (1 master + 100 workers)" in log
-    assert "srun --mpi=pmix --ntasks=101 " in log
+    assert rec["NumTasks"] == "17"
+    assert "17 ranks (1 master + 16 workers)" in log
+    assert "srun --mpi=pmix --ntasks=17 " in log
     assert "gem_jobs: done" in log
     runs = tmp_path / "runs"
     run = load_run(runs / f"gem_mnist_100_{job}.h5")
-    assert run.attrs["n_workers"] == 100 and run.config["method"] == "gem"
+    assert run.attrs["n_workers"] == 16 and run.config["method"] == "gem"
     assert run.config["model"] == "quadratic"  # GEM_TRAIN_ARGS came last and won
-    assert Counter(run.updates["worker"].tolist()) == {w: 5 for w in range(1, 101)}
+    assert Counter(run.updates["worker"].tolist()) == {w: 5 for w in range(1, 17)}
     assert run.summary["finished"] == 1.0
     assert (runs / f"gem_mnist_100_{job}.pt").is_file()  # --save
     assert list((runs / f"gem_mnist_100_{job}.ckpt").glob("checkpoint_*.h5"))
