@@ -143,10 +143,26 @@ def samples_per_second(run: Run) -> float:
         return applied_updates(run) * batch / wall if wall > 0 else math.nan
     w = run.col("worker")
     if w is None:
-        return applied_updates(run) * batch / max(wall_seconds(run), 1e-9)
+        return trained_samples(run) / max(wall_seconds(run), 1e-9)
     first_done = min(float(t[w == rank][-1]) for rank in np.unique(w))
-    rows = int(np.count_nonzero(t <= first_done))
-    return rows * batch / first_done if first_done > 0 else math.nan
+    upto = t <= first_done
+    steps = run.col("steps")  # --dylu: each update's own local steps, else H for every one
+    if steps is not None and steps.size == t.size:
+        trained = int(steps[upto].sum()) * (batch // int(run.config.get("local_steps", 1)))
+    else:
+        trained = int(np.count_nonzero(upto)) * batch
+    return trained / first_done if first_done > 0 else math.nan
+
+
+def trained_samples(run: Run) -> int:
+    """Training samples the applied updates trained on: updates × :func:`samples_per_update`,
+    except under --dylu, where an update of h < H local steps trained h parts of its H-part
+    batch (the /updates ``steps`` column says each one's h)."""
+    steps = run.col("steps")
+    per = samples_per_update(run)
+    if steps is None or synchronous(run.method):
+        return applied_updates(run) * per
+    return int(steps[:applied_updates(run)].sum()) * (per // int(run.config.get("local_steps", 1)))
 
 
 def throughput(run: Run, bins: int = 60) -> tuple[np.ndarray, np.ndarray] | None:

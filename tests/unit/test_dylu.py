@@ -1,5 +1,6 @@
 """--dylu's pure pieces: each worker's steps from its pace and the fastest one's, the running
-paces the master and a worker keep, and the replay taking each update's steps from the log."""
+paces the master and a worker keep, the replay taking each update's steps from the log, and
+the analysis counting the samples they trained."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 
 from gem_mpi.algorithm.dylu import WEIGHT, Pace, Paces, WorkerSteps, steps_for
 from gem_mpi.algorithm.reference import replay
+from gem_mpi.outputs import analysis
+from gem_mpi.outputs.runfile import Run
 from gem_mpi.problem.quadratic import Quadratic
 
 f32 = np.float32
@@ -87,3 +90,20 @@ def test_the_replay_takes_each_updates_steps_from_the_log():
         local = local + b * f32(-float(f32(lr)))
     assert np.array_equal(one.theta, theta + (local - theta))
     assert one.losses == [pytest.approx(sum(losses) / 2)]
+
+
+def test_the_analysis_counts_the_samples_a_dylu_update_trained():
+    """--dylu: an update of h < H local steps trained h parts of its H-part batch, and the
+    analysis (bench lm's samples, samples/s) counts those, not H × b for every update."""
+    cols = {"worker": np.array([1, 2, 1, 2]), "time": np.array([1.0, 2.0, 3.0, 4.0]),
+            "steps": np.array([4, 1, 4, 2])}
+    run = Run(path="r.h5", attrs={"n_workers": 2},
+              config={"method": "dn", "batch_size": 8, "local_steps": 4},
+              tensor_names=[], tensor_sizes=np.zeros(0), updates=cols, eval={},
+              summary={"updates": 4.0})
+    assert analysis.samples_per_update(run) == 32  # H × b: what an update may train
+    assert analysis.trained_samples(run) == (4 + 1 + 4 + 2) * 8
+    # up to worker 1's last update (3 s): the first three updates' 9 steps of 8 samples
+    assert analysis.samples_per_second(run) == 9 * 8 / 3.0
+    del cols["steps"]  # without the column every update trained its H parts
+    assert analysis.trained_samples(run) == 4 * 32
