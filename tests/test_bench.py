@@ -191,21 +191,28 @@ def test_bench_overhead_sets_loader_processes_side_by_side(tmp_path):
 @pytest.mark.mpi
 def test_bench_lm_dry_run_trains_the_language_model_under_each_method(tmp_path):
     """The GPU check's language-model rows, on the CPU (--cpu, tiny sizes): GEM-AdamW,
-    delayed Nesterov with local steps and DDP-AdamW, each a real mpirun job at equal samples,
-    each learning; tokens/s and losses against DDP's in the JSON."""
+    Gap-Aware-AdamW, delayed Nesterov with local steps (and --dylu, worker 2 twice as slow)
+    and DDP-AdamW, each a real mpirun job at equal samples, each learning; tokens/s and
+    losses against DDP's in the JSON."""
     out = tmp_path / "lm.json"
     res = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "lm", "--cpu", "--workers",
                           "2", "--max-steps", "40", "--batch-size", "8", "--test-bytes", "4096",
-                          "--lr", "0.005", "--json", str(out)], capture_output=True, text=True,
-                         timeout=400, check=False, env=mpi_env(), cwd=REPO)
+                          "--lr", "0.005", "--speeds", "1,2", "--json", str(out)],
+                         capture_output=True, text=True, timeout=400, check=False,
+                         env=mpi_env(), cwd=REPO)
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads(out.read_text())
-    assert result["ok"] and [r["row"] for r in result["rows"]] == ["gem-adamw", "dn-adamw",
-                                                                   "ddp-adamw"]
-    assert len({r["samples"] for r in result["rows"]}) == 1  # equal samples
+    assert result["ok"] and [r["row"] for r in result["rows"]] == [
+        "gem-adamw", "gap-aware-adamw", "dn-adamw", "dn-adamw-dylu", "ddp-adamw"]
+    samples = {r["row"]: r["samples"] for r in result["rows"]}
+    dylu = samples.pop("dn-adamw-dylu")  # its slower worker trains fewer of its parts
+    assert len(set(samples.values())) == 1 and 0 < dylu <= samples["ddp-adamw"]  # equal samples
     assert all(r["tokens_per_s"] > 0 and r["gpu_busy"] is None for r in result["rows"])
     assert result["rows"][-1]["tokens_per_s_vs_ddp"] == 1.0
-    assert "gem_mpi.bench lm: ok" in res.stdout
+    assert "gem_mpi.bench lm: ok" in res.stdout and "speeds 1,2" in res.stdout
+    bad = subprocess.run([sys.executable, "-m", "gem_mpi.bench", "lm", "--rows", "gem,ddp"],
+                         capture_output=True, text=True, timeout=60, check=False, cwd=REPO)
+    assert bad.returncode == 2 and "no row gem, ddp; the rows: gem-adamw" in bad.stderr
 
 
 @pytest.mark.mpi

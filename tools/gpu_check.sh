@@ -45,8 +45,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 # machine has a GPU per rank, gloo on CUDA tensors where both share one (about 40 s)
 "$GEM_MPI_PY" -m gem_mpi.bench groups --workers 2 --group-size 2 --dataset synthetic \
   --max-steps 100 --mpirun "$GEM_MPI_MPIRUN" --json "$out/groups_check.json"
-# the language model (gpt on the standard library's bytes) under GEM-AdamW, delayed Nesterov
-# with AdamW local steps and DDP-AdamW, 3 workers sharing cuda:0 at equal samples: tokens/s,
-# GPU-busy share, bits per byte (not yet timed on a GPU; 83 s on 2 CPU cores at --context 64,
-# 200 steps)
+# the language model (gpt on the standard library's bytes) under GEM-AdamW, Gap-Aware-AdamW,
+# delayed Nesterov with AdamW local steps (and --dylu) and DDP-AdamW, 3 workers sharing cuda:0
+# at equal samples: tokens/s, GPU-busy share, bits per byte (not yet timed on a GPU; about
+# 2.5 minutes on 2 CPU cores at --context 64, 200 steps)
 "$GEM_MPI_PY" -m gem_mpi.bench lm --mpirun "$GEM_MPI_MPIRUN" --json "$out/lm_check.json"
