@@ -129,7 +129,12 @@ def test_report_pages_figures_and_claims(quick, tmp_path):
     assert "momentum SGD (1 rank, the same η, μ, b): loss" in readme
     claims = readme.split("## Claims")[1].split("## Deviations")[0]
     rows = [ln for ln in claims.splitlines() if ln.startswith("| ") and "claim of" not in ln]
-    assert len(rows) == 13
+    assert len(rows) == 14
+    # E11 is not run here: its row says so, and every other row has its numbers
+    e11 = [row for row in rows if "[E11](E11.md)" in row]
+    assert len(e11) == 1 and "not run yet" in e11[0]
+    rows = [row for row in rows if row not in e11]
+    claims = "\n".join(rows)
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[5].strip("*") in ("yes", "partly", "no"), row
