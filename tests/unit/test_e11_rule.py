@@ -96,3 +96,28 @@ def test_the_grid_is_the_same_at_every_budget_and_main_runs_wait(tmp_path: Path)
 def test_spread_speeds_go_from_one_to_four():
     assert ex.e11_speeds(2) == "1,4" and ex.e11_speeds(4) == "1,2,3,4"
     assert ex.e11_speeds(8).split(",")[0] == "1" and ex.e11_speeds(8).split(",")[-1] == "4"
+
+
+def test_a_main_run_takes_the_eta_of_its_done_tuning_runs(tmp_path: Path, monkeypatch):
+    """runner.tuned reads each tuning run's final validation loss (a diverged one: inf) and
+    sets --lr by the rule; one tuning run not done keeps the main run waiting."""
+    from types import SimpleNamespace
+
+    run = next(r for r in ex.experiments(ex.quick_budget(), str(tmp_path))["E11"].runs
+               if r.tuned_by)
+    loss = dict(zip(ex.E11_LRS, (2.0, 1.2, 1.1, None)))  # η 0.01 diverged
+    files = {}
+    for name, lr in run.tuned_by:
+        (tmp_path / f"{name}.h5").touch()
+        summary = {"diverged": 1.0} if loss[lr] is None else {"test_loss": loss[lr]}
+        files[str(tmp_path / f"{name}.h5")] = SimpleNamespace(
+            finished=loss[lr] is not None, summary=summary)
+    monkeypatch.setattr(runner.runfile, "load_run", lambda path: files[str(path)])
+    assert runner.tuning_losses(tmp_path, run) == {3e-4: 2.0, 1e-3: 1.2, 3e-3: 1.1,
+                                                   1e-2: math.inf}
+    chosen = runner.tuned(tmp_path, run)
+    assert chosen is not None and chosen.lr == 3e-3
+    assert chosen.options[chosen.options.index("--lr") + 1] == "0.003"
+    first = run.tuned_by[0][0]
+    files[str(tmp_path / f"{first}.h5")] = SimpleNamespace(finished=False, summary={})
+    assert runner.tuned(tmp_path, run) is None  # stopped before the end: not done
