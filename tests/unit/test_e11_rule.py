@@ -121,3 +121,19 @@ def test_a_main_run_takes_the_eta_of_its_done_tuning_runs(tmp_path: Path, monkey
     first = run.tuned_by[0][0]
     files[str(tmp_path / f"{first}.h5")] = SimpleNamespace(finished=False, summary={})
     assert runner.tuned(tmp_path, run) is None  # stopped before the end: not done
+
+
+def test_every_e11_command_passes_the_preflight(tmp_path: Path):
+    """Each (budget, method, case, n)'s options are accepted as gem_mpi.train would take
+    them (the data itself: the quick run reads it), a main run once its η is set."""
+    from gem_mpi import config
+    from gem_mpi.run.preflight import validate
+
+    seen = set()
+    for budget in (ex.quick_budget(), ex.full_budget()):
+        for r in ex.experiments(budget, str(tmp_path))["E11"].runs:
+            if (budget.name, r.variant, r.n) not in seen:
+                seen.add((budget.name, r.variant, r.n))
+                cfg, _ = config.parse(list((r.with_lr(1e-3) if r.tuned_by else r).options))
+                validate(cfg, r.ranks, data=False)
+    assert len(seen) == 45
