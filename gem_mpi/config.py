@@ -48,7 +48,8 @@ TORCH_MODELS = ("mnist-cnn", "alexnet", "resnet18", "gpt")
 MODELS = (*TORCH_MODELS, QUADRATIC)
 DATASETS = ("fashion-mnist", "mnist", "imagenet", "synthetic", "text")
 GPT, TEXT = "gpt", "text"  # the language model and the bytes it reads: each needs the other
-HOLDOUT_DATASETS = ("fashion-mnist", "mnist")  # held as arrays: --holdout slices them
+# --holdout: the arrays' last N images, or text's validation files (one in ten, by name)
+HOLDOUT_DATASETS = ("fashion-mnist", "mnist", "text")
 SHIFT_OTHERS, SHIFT_PAPER = "others", "paper"  # GEM's two readings of the shift |θ − s|
 GEM_SHIFTS = (SHIFT_OTHERS, SHIFT_PAPER)
 # where GEM's proxy momentum m lives: each worker's own (the paper), or one at the master fed
@@ -273,8 +274,10 @@ class DataConfig:
                       "whole set with its own shuffle")
     holdout: int = opt(0, "hold the last N images of the training set out of training and "
                        "evaluate on them instead of the test split: a validation set (mnist: "
-                       "10000 are the classic pickle's validation images; mnist and "
-                       "fashion-mnist only)", check=NON_NEGATIVE)
+                       "10000 are the classic pickle's validation images); --dataset text: "
+                       "hold one training file in ten out (by its name) and evaluate on the "
+                       "first N bytes of those (mnist, fashion-mnist and text only)",
+                       check=NON_NEGATIVE)
     seed: int = opt(0, "seed of θ₀ and of the workers' shuffles",
                     check=(lambda v: 0 <= v <= SEED_MAX, f"in 0..2**63-1 ({SEED_MAX})"))
     synthetic_size: int = opt(60000, "samples per epoch of --dataset synthetic",

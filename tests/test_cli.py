@@ -86,7 +86,7 @@ BAD_OPTIONS = [
      "--batch-size 70000 exceeds the 60000 training samples of fashion-mnist"),
     ([*FASHION_CNN, "--batch-size", "40000", "--shard"],
      "exceeds the 30000 training samples of each worker's shard"),
-    (["--holdout", "10"], "--holdout holds images of an IDX training set out"),
+    (["--holdout", "10"], "--holdout holds part of a training set out"),
     ([*FASHION_CNN, "--holdout", "60000"],
      "--holdout 60000 leaves none of the 60000 training samples of fashion-mnist"),
     ([*FASHION_CNN, "--holdout", "59990"],

@@ -130,6 +130,16 @@ def time_to_accuracy(run: Run, target: float) -> float | None:
     return float(t[hit[0]]) if hit.size else None
 
 
+def time_to_loss(run: Run, target: float) -> float | None:
+    """Seconds until the first evaluation at or below ``target`` test loss, or None if no
+    evaluation reached it."""
+    t, loss = run.eval_col("time"), run.eval_col("test_loss")
+    if t is None or loss is None:
+        return None
+    hit = np.flatnonzero(loss <= target)
+    return float(t[hit[0]]) if hit.size else None
+
+
 def samples_per_second(run: Run) -> float:
     """Training samples per second while every worker was still running: up to the first
     worker's last update (asynchronous; a straggler's tail after the others finished would

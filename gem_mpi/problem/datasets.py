@@ -91,7 +91,11 @@ def load_split(
 
 
 def training_split(data: DataConfig, synthetic_size: int | None = None) -> Split:
-    """What the workers train on: the training split, less its last --holdout samples."""
+    """What the workers train on: the training split, less its last --holdout samples (text:
+    less its validation files)."""
+    if data.holdout and data.dataset == TEXT:
+        return TextSplit("train", dataset_spec(TEXT, data.model, data.context),
+                         text.read_split(data.data_dir, "train", holdout=True))
     split = load_split(data.dataset, data.data_dir, "train", data.model,
                        synthetic_size=synthetic_size, context=data.context)
     if not data.holdout:
@@ -102,7 +106,11 @@ def training_split(data: DataConfig, synthetic_size: int | None = None) -> Split
 
 def evaluation_split(data: DataConfig) -> Split:
     """What the master evaluates θ on: the test split, or with --holdout the last
-    --holdout training samples, which no worker trains on (a validation set)."""
+    --holdout training samples, which no worker trains on (a validation set; text: the first
+    --holdout bytes of the validation files)."""
+    if data.holdout and data.dataset == TEXT:
+        return TextSplit("validation", dataset_spec(TEXT, data.model, data.context),
+                         text.read_split(data.data_dir, "validation", limit=data.holdout))
     if not data.holdout:
         return load_split(data.dataset, data.data_dir, "test", data.model,
                           context=data.context, test_bytes=data.test_bytes)

@@ -1,7 +1,7 @@
 """``python -m gem_mpi.reproduce``: run the paper's experiments, then report on them.
 
     python -m gem_mpi.reproduce --plan            # every run, its command, an estimate
-    python -m gem_mpi.reproduce all               # run E1–E10 one job at a time (resumable)
+    python -m gem_mpi.reproduce all               # run E1–E11 one job at a time (resumable)
     python -m gem_mpi.reproduce E1 E3             # only these (E3 shows E1's runs)
     python -m gem_mpi.reproduce all --seeds 0     # one seed of everything first, the rest later
     python -m gem_mpi.reproduce all --rerun-older-code   # remake runs of code older than HEAD's
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gem_mpi.reproduce", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
-                   help="E1 … E10, or all (none with --plan: all)")
+                   help="E1 … E11, or all (none with --plan: all)")
     p.add_argument("--plan", action="store_true", help="print every run with its command "
                    "and an estimated wall time, and run nothing")
     p.add_argument("--seeds", type=int, nargs="+", metavar="SEED", help="only the runs with "
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if pages and not args.report:
         parser.error("--pages needs --report")
     if not names and not args.report:
-        parser.error("name the experiments to run (E1 … E10 or all), or pass --plan or "
+        parser.error("name the experiments to run (E1 … E11 or all), or pass --plan or "
                      "--report")
     runs = ex.select(exps, names)
     if args.seeds is not None:
@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"no run has seed {', '.join(map(str, unknown_seeds))}: the "
                          f"{budget.name} budget's seeds are "
                          f"{', '.join(map(str, budget.seeds))}")
-        runs = [r for r in runs if r.seed in args.seeds]
+        # a kept run's tuning runs stay (their seed is none of the budget's: E11's)
+        tuning = {name for r in runs if r.seed in args.seeds for name, _ in r.tuned_by}
+        runs = [r for r in runs if r.seed in args.seeds or r.name in tuning]
     if args.ns is not None:
         unknown_ns = sorted(set(args.ns) - {r.n for r in runs})
         if unknown_ns:

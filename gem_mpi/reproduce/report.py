@@ -20,6 +20,7 @@ from gem_mpi.outputs import analysis, figures
 from gem_mpi.reproduce import experiments as ex
 from gem_mpi.reproduce import runner
 from gem_mpi.reproduce.results import (
+    LossSide,
     Results,
     Side,
     Stat,
@@ -27,6 +28,8 @@ from gem_mpi.reproduce.results import (
     diverged_count,
     e10_side,
     e10_verdict,
+    e11_side,
+    e11_verdict,
     file_digest,
     group,
     loss_curve,
@@ -813,8 +816,183 @@ def _e10(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     return lines
 
 
+E11_CASE_TEXT = {"even": "even speeds",
+                 "spread": f"speeds {ex.E11_SPREAD[0]:g}–{ex.E11_SPREAD[1]:g}×"}
+BITS = math.log(2)  # the runs' losses are in nats: bits per byte = nats / ln 2
+
+
+def e11_cells(exp: ex.Experiment) -> dict[tuple[int, str], dict[str, list[ex.Run]]]:
+    """(n, case) → method variant → its main runs (every seed), in the experiment's order."""
+    out: dict[tuple[int, str], dict[str, list[ex.Run]]] = {}
+    for r in exp.runs:
+        if r.tuned_by:
+            out.setdefault((r.n, ex.e11_case(r)), {}).setdefault(ex.e11_method(r), []).append(r)
+    return out
+
+
+def e11_tuning(res: Results, exp: ex.Experiment
+               ) -> list[tuple[int, str, dict[float, float] | None, float | None]]:
+    """Per (n, method): its tuning runs' validation losses by η (None while any is not done)
+    and the η the rule chose (None likewise)."""
+    out, seen = [], set()
+    for r in exp.runs:
+        key = (r.n, ex.e11_method(r))
+        if not r.tuned_by or key in seen:
+            continue
+        seen.add(key)
+        losses = runner.tuning_losses(res.dir, r)
+        out.append((r.n, key[1], losses, None if losses is None else ex.e11_choose_lr(losses)))
+    return out
+
+
+def e11_sides(res: Results, exp: ex.Experiment) -> dict[tuple[int, str], dict[str, LossSide]]:
+    return {cell: {m: e11_side(res, runs) for m, runs in methods.items()}
+            for cell, methods in e11_cells(exp).items()}
+
+
+def e11_lines(res: Results, exp: ex.Experiment) -> list[tuple[tuple[int, str], str, str, str]]:
+    """Per cell and rival with done runs on both sides: (cell, rival, verdict, why)."""
+    out = []
+    target = f"{ex.E11_TARGET_BITS:g} bits/byte"
+    for cell, sides in e11_sides(res, exp).items():
+        gem = sides.get("gem", LossSide((), ()))
+        for rival in (m for m in sides if m != "gem"):
+            other = sides[rival]
+            if not gem.bits or not other.bits:
+                continue
+            verdict, time, loss = e11_verdict(gem, other)
+            label = ex.E11_LABELS[rival]
+            why = (f"time to {target}: GEM-AdamW {e10_time_text(gem.timing)}, {label} "
+                   f"{e10_time_text(other.timing)} ({time}); final test loss at equal "
+                   f"tokens: GEM-AdamW {gem.loss_stat().text('.3f')}, {label} "
+                   f"{other.loss_stat().text('.3f')} bits/byte ({loss})")
+            out.append((cell, label, verdict, why))
+    return out
+
+
+def _e11_curves(ax, res: Results, methods: dict[str, list[ex.Run]]) -> None:
+    for i, (variant, runs) in enumerate(methods.items()):
+        for k, r in enumerate(res.done(runs)):
+            d = res.data(r)
+            clock, loss = d.eval_col("clock"), d.eval_col("test_loss")
+            if clock is None or loss is None or not loss.size:
+                continue
+            tokens = clock * analysis.samples_per_update(d) * int(d.config.get("context", 1))
+            ax.plot(tokens, loss / BITS, lw=0.8, marker=".", ms=3, color=SERIES[i],
+                    label=ex.E11_LABELS[variant] if k == 0 else None)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    ax.axhline(ex.E11_TARGET_BITS, color="k", lw=0.6, ls=":")
+    ax.set_xlabel("training tokens (all workers)")
+    ax.set_ylabel("test loss (bits per byte)")
+
+
+def _e11(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
+    """The rule as fixed, the η each method's tuning chose, test loss against tokens per cell,
+    the verdicts per cell and rival, and the numbers."""
+    e = ex.e11_budget(res.budget)
+    cells = e11_cells(exp)
+    lines: list[str] = []
+    if any(res.done(runs) for methods in cells.values() for runs in methods.values()):
+        plt = figures.pyplot()
+        fig, axes = plt.subplots(len(e.ns), len(ex.E11_CASES), squeeze=False,
+                                 figsize=(5.0 * len(ex.E11_CASES), 3.8 * len(e.ns)))
+        for row, n in zip(axes, e.ns):
+            for ax, case in zip(row, ex.E11_CASES):
+                _e11_curves(ax, res, cells.get((n, case), {}))
+                ax.set_title(f"{workers(n)}, {E11_CASE_TEXT[case]}")
+        lines = _figure(out, "E11.png", fig, "Test loss (bits per byte) of θ against the "
+                        "training tokens of all workers, each seed, per method, n and speeds; "
+                        f"the dotted line is the target, {ex.E11_TARGET_BITS:g} bits per byte")
+    size = " ".join(e.gpt)
+    lines += [(f"Every method trains the same byte-level transformer (`--model gpt {size} "
+               f"--context {e.context}`) on the running Python's standard-library sources "
+               f"(`--dataset text`) with AdamW workers, each worker {e.steps} steps of "
+               f"{e.batch} samples of {e.context} bytes, so every run sees n × {e.steps} × "
+               f"{e.batch} × {e.context} bytes (DN + DyLU: at most that, its slower workers "
+               f"take fewer local steps an update), and is evaluated on the first "
+               f"{e.eval_bytes} bytes of the test files every {e.eval_steps} steps per worker. "
+               f"DN and DiLoCo take H = {e.local_steps} local steps; DiLoCo's outer step is "
+               "Nesterov with η 0.7, μ 0.9, DN's its defaults. GEM, DN and Gap-Aware run one "
+               "master rank besides their n workers; DDP and DiLoCo run n ranks. With spread "
+               f"speeds worker w is `--speeds` {', '.join(e11_speeds_text(n) for n in e.ns)} "
+               "times slower (it sleeps after each step); a synchronous method's ranks are all "
+               "workers. Every rank shares this machine's cores: the seconds are this "
+               "machine's."), "",
+              "## The rule, fixed before the runs", "",
+              ("Committed in `gem_mpi/reproduce/experiments.py` (E11's constants, "
+               "`e11_choose_lr`) and `results.py` (`e11_verdict`) before any E11 run."), "",
+              (f"- **Tuning, the same for every method**: per n and method, one run at each "
+               f"η of {', '.join(f'{x:g}' for x in ex.E11_LRS)} (the workers' AdamW η), "
+               f"{e.tune_steps} steps per worker, even speeds, seed {ex.E11_TUNE_SEED} (none "
+               "of the main runs'), trained without the validation files (`--holdout`: one "
+               "training file in ten, by name) and validated on their first "
+               f"{e.eval_bytes} bytes, never on the test files. Its main runs take the η of "
+               "the lowest final validation loss (diverged: infinite; a tie: the smaller η; "
+               "all diverged: the smallest)."),
+              (f"- **Time to target**: the training clock at the first evaluation at or below "
+               f"{ex.E11_TARGET_BITS:g} bits per byte; a method reaches it only if every seed "
+               f"does; a gap counts if over {100 * (ex.E11_TIME_RATIO - 1):.0f} % and beyond "
+               "two standard errors."),
+              (f"- **Loss at equal tokens**: the final test loss; a gap counts if over "
+               f"{100 * (ex.E11_LOSS_RATIO - 1):.0f} % and beyond two standard errors; more "
+               "diverged runs is higher."),
+              ("- **Per cell and rival**: GEM-AdamW wins when faster and not higher, or as fast "
+               "and lower; loses when slower and not lower, or as fast and higher; mixed when "
+               "faster but higher, or slower but lower; even when neither differs."), "",
+              "## The η each method's tuning chose", ""]
+    rows = []
+    for n, variant, losses, chosen in e11_tuning(res, exp):
+        cells_ = [("–" if losses is None or lr not in losses else
+                   "diverged" if not math.isfinite(losses[lr]) else
+                   _num(losses[lr] / BITS)) for lr in ex.E11_LRS]
+        rows.append([str(n), ex.E11_LABELS[variant], *cells_,
+                     f"**{chosen:g}**" if chosen is not None else "waits for its tuning runs"])
+    lines += md_table(["n", "method", *(f"η {x:g}" for x in ex.E11_LRS), "chosen η"], rows)
+    lines += ["", "Final validation loss of each tuning run, bits per byte.", "",
+              "## Verdicts", ""]
+    verdicts = e11_lines(res, exp)
+    if verdicts:
+        count = {v: sum(x[2] == v for x in verdicts) for v in ("GEM wins", "GEM loses",
+                                                               "mixed", "even")}
+        lines += [f"Of {len(verdicts)} comparisons (cell × rival): " + ", ".join(
+            f"{v} {k}" for v, k in count.items()) + ".", ""]
+    lines += [f"- n = {n}, {E11_CASE_TEXT[case]}, against {rival}: **{verdict}**. {why}."
+              for (n, case), rival, verdict, why in verdicts] or ["No cell done yet."]
+    lines += ["", "## Numbers", ""]
+    rows = []
+    for (n, case), methods in cells.items():
+        for variant, runs in methods.items():
+            side = e11_side(res, runs)
+            lrs = {r.lr for r in (runner.tuned(res.dir, r) for r in runs) if r is not None}
+            rows.append([str(n), E11_CASE_TEXT[case], ex.E11_LABELS[variant],
+                         ", ".join(f"{x:g}" for x in sorted(lrs)) or "–",
+                         f"{len(res.done(runs))}/{len(runs)}", _div(res, runs),
+                         side.loss_stat().text(".3f"), e10_time_text(side.timing),
+                         _e10_stat(res, runs, lambda d: d.summary.get("tokens", math.nan)
+                                   ).text(".0f"),
+                         _e10_stat(res, runs, lambda d: d.summary.get("tokens_per_s",
+                                                                      math.nan)).text(".0f"),
+                         stat(res, runs, "wall_s", finished_only=False).text(".1f")])
+    lines += md_table(["n", "speeds", "method", "η", "runs done", "diverged",
+                       "final test loss (bits/byte)",
+                       f"time to {ex.E11_TARGET_BITS:g} bits/byte", "tokens trained",
+                       "tokens/s", "training wall s"], rows)
+    lines += ["", ("Final test loss: the evaluation at the end, on the test files. Time to "
+                   "target: mean ± sd over the seeds that reached it. Tokens: the bytes "
+                   "predicted in training by all workers (the run's summary).")]
+    return lines
+
+
+def e11_speeds_text(n: int) -> str:
+    return f"{ex.e11_speeds(n)} (n = {n})"
+
+
+# pages whose body states a rule fixed before the runs (and what waits on it): written before
+# any of their runs is done
+RULE_FIRST = ("E11",)
 BODIES: dict[str, Body] = {"E1": _e1, "E2": _e2, "E3": _e3, "E4": _e4, "E5": _e5, "E6": _e6,
-                           "E7": _e7, "E8": _e8, "E9": _e9, "E10": _e10}
+                           "E7": _e7, "E8": _e8, "E9": _e9, "E10": _e10, "E11": _e11}
 
 
 # --- provenance and the page ------------------------------------------------------------------
@@ -866,7 +1044,8 @@ def page(res: Results, exp: ex.Experiment, budget: ex.Budget, out: Path) -> str:
     if budget.name != "full":
         head += [(f"> Budget **{budget.name}**: a few dozen steps per worker, to test the "
                  "harness. These numbers say nothing about the paper's claims."), ""]
-    body = BODIES[exp.id](res, exp, out) if done else ["Not run yet.", ""]
+    body = BODIES[exp.id](res, exp, out) if done or exp.id in RULE_FIRST else [
+        "Not run yet.", ""]
     return "\n".join(head + body + [""] + _provenance(res, exp, budget)).rstrip() + "\n"
 
 

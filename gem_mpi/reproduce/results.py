@@ -248,15 +248,20 @@ def _beyond_scatter(d: Difference) -> bool:
 
 def e10_time(gem: Side, rival: Side) -> str:
     """faster, slower, tie (both reach, no clear gap) or neither (neither reaches)."""
+    return _time_outcome(gem, rival, ex.E10_TIME_RATIO)
+
+
+def _time_outcome(gem: Side, rival: Side, ratio: float) -> str:
+    """E10's and E11's time rule, with their own ratio."""
     if gem.reached != rival.reached:
         return "faster" if gem.reached else "slower"
     if not gem.reached:
         return "neither"
     g, r = gem.time_stat(), rival.time_stat()
     d = difference(r, g)  # > 0: GEM gets there first
-    if r.mean > ex.E10_TIME_RATIO * g.mean and _beyond_scatter(d):
+    if r.mean > ratio * g.mean and _beyond_scatter(d):
         return "faster"
-    if g.mean > ex.E10_TIME_RATIO * r.mean and _beyond_scatter(d):
+    if g.mean > ratio * r.mean and _beyond_scatter(d):
         return "slower"
     return "tie"
 
@@ -299,3 +304,76 @@ def e10_side(res: Results, runs: list[ex.Run]) -> Side:
         times.append(t)
         accs.append(math.nan if bad else analysis.final_test(d).accuracy)
     return Side(tuple(times), tuple(accs))
+
+
+# --- E11's verdict rule (experiments.py states it and why, beside its constants) ----------
+
+@dataclass(frozen=True)
+class LossSide:
+    """One method's seeds in one E11 cell: its time to the target loss per seed (None: not
+    reached, or diverged) and its final test loss in bits per byte per seed (NaN:
+    diverged)."""
+
+    times: tuple[float | None, ...]
+    bits: tuple[float, ...]
+
+    @property
+    def timing(self) -> Side:
+        """The times as E10's rule reads them."""
+        return Side(self.times, ())
+
+    @property
+    def diverged(self) -> int:
+        return sum(not math.isfinite(b) for b in self.bits)
+
+    def loss_stat(self) -> Stat:
+        """Final test loss (bits per byte) of the runs that did not diverge."""
+        return Stat(tuple(b for b in self.bits if math.isfinite(b)))
+
+
+def e11_time(gem: LossSide, rival: LossSide) -> str:
+    """faster, slower, tie or neither: time to E11_TARGET_BITS, E10's rule with E11's ratio."""
+    return _time_outcome(gem.timing, rival.timing, ex.E11_TIME_RATIO)
+
+
+def e11_loss(gem: LossSide, rival: LossSide) -> str:
+    """lower, higher or tie: GEM's final test loss at equal tokens against the rival's (the
+    side with more diverged runs is higher, whatever the others')."""
+    if gem.diverged != rival.diverged:
+        return "higher" if gem.diverged > rival.diverged else "lower"
+    g, r = gem.loss_stat(), rival.loss_stat()
+    d = difference(g, r)
+    if not math.isfinite(d.mean):
+        return "tie"
+    if r.mean > ex.E11_LOSS_RATIO * g.mean and _beyond_scatter(d):
+        return "lower"
+    if g.mean > ex.E11_LOSS_RATIO * r.mean and _beyond_scatter(d):
+        return "higher"
+    return "tie"
+
+
+E11_VERDICTS = {("faster", "lower"): "GEM wins", ("faster", "tie"): "GEM wins",
+                ("tie", "lower"): "GEM wins", ("neither", "lower"): "GEM wins",
+                ("slower", "higher"): "GEM loses", ("slower", "tie"): "GEM loses",
+                ("tie", "higher"): "GEM loses", ("neither", "higher"): "GEM loses",
+                ("faster", "higher"): "mixed", ("slower", "lower"): "mixed",
+                ("tie", "tie"): "even", ("neither", "tie"): "even"}
+
+
+def e11_verdict(gem: LossSide, rival: LossSide) -> tuple[str, str, str]:
+    """(verdict, time outcome, loss outcome) of GEM-AdamW against one rival in one cell."""
+    time, loss = e11_time(gem, rival), e11_loss(gem, rival)
+    return E11_VERDICTS[(time, loss)], time, loss
+
+
+def e11_side(res: Results, runs: list[ex.Run]) -> LossSide:
+    """The done runs of one method in one cell, as the rule reads them."""
+    times, bits = [], []
+    target = ex.E11_TARGET_BITS * math.log(2)  # the runs' losses are in nats
+    for r in res.done(runs):
+        d = res.data(r)
+        assert d is not None
+        bad = analysis.diverged(d)
+        times.append(None if bad else analysis.time_to_loss(d, target))
+        bits.append(math.nan if bad else analysis.final_test(d).loss / math.log(2))
+    return LossSide(tuple(times), tuple(bits))

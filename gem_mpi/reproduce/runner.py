@@ -21,6 +21,7 @@ import contextlib
 import datetime
 import fcntl
 import json
+import math
 import os
 import platform
 import shlex
@@ -55,7 +56,7 @@ TORCH_RANK_GB, CPU_TORCH_RANK_GB = 0.3, 0.21
 # job's start-up (about 2 s per rank: docs/SCALE.md). Finished runs correct them.
 ASSUMED_RATE = {("mnist-cnn", "async"): 6000.0, ("mnist-cnn", "sync"): 4500.0,
                 ("mnist-cnn", "sync1"): 3000.0, ("alexnet", "async"): 19.0,
-                ("alexnet", "sync1"): 20.0}
+                ("alexnet", "sync1"): 20.0, ("gpt", "async"): 300.0, ("gpt", "sync"): 300.0}
 
 
 def rate_key(run: ex.Run) -> tuple[str, str]:
@@ -98,7 +99,14 @@ def save_record(path: Path, record: dict) -> None:
 
 def status(results: Path, run: ex.Run) -> str:
     """finished, diverged (both done), stopped or failed (to be resumed), or new."""
-    p = Paths.of(results, run)
+    return status_of(results, run.name)
+
+
+def status_of(results: Path, name: str) -> str:
+    """:func:`status` of the run called ``name``."""
+    base = results / name
+    p = Paths(Path(f"{base}.h5"), Path(f"{base}.ckpt"), Path(f"{base}.json"),
+              Path(f"{base}.log"), Path(f"{base}.mem.json"))
     record = load_record(p.record) or {}
     if p.metrics.exists():
         try:
@@ -112,6 +120,45 @@ def status(results: Path, run: ex.Run) -> str:
     if record.get("status") in ("diverged", "stopped", "failed"):
         return record["status"]
     return "stopped" if p.metrics.exists() or p.checkpoints.exists() else "new"
+
+
+# --- E11's main runs wait for their tuning runs ----------------------------------------------
+
+def tuning_losses(results: Path, run: ex.Run) -> dict[float, float] | None:
+    """η → final validation loss of the run's tuning runs (a diverged one: inf), or None
+    while any of them is not done."""
+    losses = {}
+    for name, lr in run.tuned_by:
+        path = results / f"{name}.h5"
+        try:
+            data = runfile.load_run(path) if path.exists() else None
+        except (runfile.RunFileError, OSError):
+            data = None
+        if data is not None and analysis.diverged(data):
+            losses[lr] = math.inf
+        elif data is not None and data.finished:
+            losses[lr] = float(analysis.final_test(data).loss)
+        elif status_of(results, name) == "diverged":
+            losses[lr] = math.inf
+        else:
+            return None
+    return losses
+
+
+def tuned(results: Path, run: ex.Run) -> ex.Run | None:
+    """The run with the η its tuning runs chose (ex.e11_choose_lr), or None while they are
+    not all done; a run tuned by none is itself."""
+    if not run.tuned_by:
+        return run
+    losses = tuning_losses(results, run)
+    return None if losses is None else run.with_lr(ex.e11_choose_lr(losses))
+
+
+def waits_text(results: Path, run: ex.Run) -> str:
+    """What a main run waits for, said in the plan and the harness's lines."""
+    left = [name for name, _ in run.tuned_by if status_of(results, name) not in DONE]
+    return (f"waits for its tuning runs ({len(left)} of {len(run.tuned_by)} not done: "
+            f"{', '.join(left)}), whose validation losses choose its --lr")
 
 
 # --- how a job is launched here -----------------------------------------------------------
@@ -387,9 +434,13 @@ def plan_text(runs: list[ex.Run], results: Path, log_every: float,
     est = Estimates(runs, results)
     older = older or {}
     lines, left, todo = [], 0.0, 0
-    for i, run in enumerate(runs, 1):
+    for i, planned in enumerate(runs, 1):
+        run = tuned(results, planned) or planned
         state = status(results, run)
         seconds = est.seconds(run)
+        if run.tuned_by and state not in DONE:
+            state += (f", η {run.lr:g} chosen by its tuning runs" if math.isfinite(run.lr)
+                      else "; " + waits_text(results, run))
         if run.name in older:
             state += (f" with older code ({older[run.name][:12]}): --rerun-older-code sets "
                       "it aside and runs it again")
@@ -493,6 +544,16 @@ class Harness:
                 return EXIT_STOPPED
             if states[run.name] in DONE:
                 continue
+            ready = tuned(self.results, run)
+            if ready is None:  # its tuning runs failed, or were not selected (--seeds, --ns)
+                self.say(f"[{i}/{len(runs)}] {run.name}: not run: "
+                         f"{waits_text(self.results, run)}")
+                failed.append(run.name)
+                continue
+            if ready.tuned_by and run.name not in self.older:
+                self.say(f"[{i}/{len(runs)}] {run.name}: η {ready.lr:g}, chosen by its tuning "
+                         "runs (E11's rule)")
+            run = ready
             est = Estimates(runs, self.results)  # corrected by the runs finished so far
             left = sum(est.seconds(r) for r in runs[i:] if states[r.name] not in DONE)
             outcome = self._one(run, f"[{i}/{len(runs)}]", est.seconds(run), left)

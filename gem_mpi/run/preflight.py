@@ -117,7 +117,7 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
     if model == QUADRATIC and dataset != "synthetic":
         raise UsageError("--model quadratic uses no data: pass --dataset synthetic")
     if cfg.data.holdout and dataset not in HOLDOUT_DATASETS:
-        raise UsageError(f"--holdout holds images of an IDX training set out "
+        raise UsageError(f"--holdout holds part of a training set out "
                          f"({', '.join(HOLDOUT_DATASETS)}), not of {dataset!r}")
     if model == QUADRATIC and cfg.data.loss:
         raise UsageError("--model quadratic has its own objective: --loss does not apply")
@@ -421,7 +421,14 @@ def _check_data(cfg: Config, world_size: int) -> None:
     else:
         n, what = check_dataset(d.dataset, d.data_dir, at_least=need,
                                 context=d.context), d.dataset
-    if d.holdout:  # the dataset is one of HOLDOUT_DATASETS (checked above)
+    if d.holdout and d.dataset == TEXT:  # whole files held apart, the first N bytes evaluated
+        from gem_mpi.problem.datasets import evaluation_split, training_split
+
+        if not len(evaluation_split(d)):
+            raise UsageError(f"--holdout {d.holdout}: the validation files of --dataset text "
+                             f"hold fewer than --context {d.context} + 1 bytes to evaluate on")
+        n, what = len(training_split(d)), "text less its validation files (--holdout)"
+    elif d.holdout:  # the dataset is one of HOLDOUT_DATASETS (checked above)
         if d.holdout >= n:
             raise UsageError(f"--holdout {d.holdout} leaves none of the {n} training samples "
                              f"of {what} to train on")

@@ -52,3 +52,28 @@ def test_the_model_predicts_every_position_and_is_causal():
     assert torch.equal(model(x2)[..., :10], out[..., :10])  # no position sees the future
     loss, acc = evaluate(model, [(x, x)], torch.device("cpu"))
     assert abs(loss - torch.nn.functional.nll_loss(out, x).item()) < 1e-5 and 0 <= acc <= 1
+
+
+def test_holdout_holds_whole_training_files_apart_and_never_a_test_file(tmp_path):
+    """--holdout on text: one training file in ten (by name) is validation, out of training;
+    the test split is the same as without it; --holdout N evaluates its first N bytes."""
+    from gem_mpi.config import DataConfig
+    from gem_mpi.problem.datasets import evaluation_split, training_split
+
+    root = _corpus(tmp_path, files=80)
+    found = text.files(root, default=False)
+    kinds = {p: text.split_of(p, root, holdout=True) for p in found}
+    val = [p for p in found if kinds[p] == "validation"]
+    assert val and all(not text.in_test(p, root) for p in val)
+    assert {text.split_of(p, root, holdout=False) for p in val} == {"train"}
+    size = {k: sum(p.stat().st_size for p in found if kinds[p] == k) for k in set(kinds.values())}
+    assert len(text.read_split(str(root), "validation")) == size["validation"]
+    assert len(text.read_split(str(root), "train", holdout=True)) == size["train"]
+    assert len(text.read_split(str(root), "train")) == size["train"] + size["validation"]
+    assert len(text.read_split(str(root), "test")) == size["test"]
+    held = b"".join(p.read_bytes() for p in val)
+    data = DataConfig(dataset="text", model="gpt", data_dir=str(root), context=4, holdout=20)
+    ev, tr = evaluation_split(data), training_split(data)
+    assert ev.split == "validation" and bytes(ev.data) == held[:20]  # type: ignore[attr-defined]
+    assert len(tr.data) == size["train"]  # type: ignore[attr-defined]
+    assert held not in bytes(tr.data)  # type: ignore[attr-defined]
