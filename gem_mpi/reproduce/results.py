@@ -352,12 +352,9 @@ def e11_loss(gem: LossSide, rival: LossSide) -> str:
     return "tie"
 
 
-E11_VERDICTS = {("faster", "lower"): "GEM wins", ("faster", "tie"): "GEM wins",
-                ("tie", "lower"): "GEM wins", ("neither", "lower"): "GEM wins",
-                ("slower", "higher"): "GEM loses", ("slower", "tie"): "GEM loses",
-                ("tie", "higher"): "GEM loses", ("neither", "higher"): "GEM loses",
-                ("faster", "higher"): "mixed", ("slower", "lower"): "mixed",
-                ("tie", "tie"): "even", ("neither", "tie"): "even"}
+# E10's table, read in loss: GEM's lower loss is what its higher accuracy is there
+E11_VERDICTS = {(time, {"higher": "lower", "lower": "higher", "tie": "tie"}[acc]): verdict
+                for (time, acc), verdict in E10_VERDICTS.items()}
 
 
 def e11_verdict(gem: LossSide, rival: LossSide) -> tuple[str, str, str]:
