@@ -431,6 +431,21 @@ def _global_proxy(res: Results) -> Verdict | None:
     return Verdict(ours, "yes", rule)
 
 
+def _by_cell(lines: list) -> dict[tuple[int, str], list[str]]:
+    """E10's and E11's verdict lines grouped by cell (n, case): "against RIVAL VERDICT"."""
+    verdicts: dict[tuple[int, str], list[str]] = {}
+    for cell, rival, verdict, _ in lines:
+        verdicts.setdefault(cell, []).append(f"against {rival} {verdict}")
+    return verdicts
+
+
+def _wins(ours: str, lines: list, rule: str) -> Verdict:
+    """yes when GEM wins every comparison of ``lines``, partly when some, no when none."""
+    wins = sum(v == "GEM wins" for _, _, v, _ in lines)
+    verdict = "yes" if wins == len(lines) else "partly" if wins else "no"
+    return Verdict(ours, verdict, f"GEM wins {wins} of {len(lines)} comparisons ({rule})")
+
+
 def _versus_sync(res: Results) -> Verdict | None:
     """E10: GEM against DDP and DiLoCo, per cell and rival, by the rule fixed before its runs
     (experiments.py, results.e10_verdict)."""
@@ -438,9 +453,7 @@ def _versus_sync(res: Results) -> Verdict | None:
     lines = e10_lines(res, exp)
     if not lines:
         return None
-    verdicts: dict[tuple[int, str], list[str]] = {}
-    for cell, rival, verdict, _ in lines:
-        verdicts.setdefault(cell, []).append(f"against {rival} {verdict}")
+    verdicts = _by_cell(lines)
     target = f"{100 * ex.E10_TARGET:g} %"
     ours = "; ".join(
         f"n = {n}, {E10_CASE_TEXT[case]}: {', '.join(verdicts[(n, case)])} (time to {target}: "
@@ -450,13 +463,10 @@ def _versus_sync(res: Results) -> Verdict | None:
                     for m, side in sides.items()) + ")"
         for (n, case), sides in e10_sides(res, exp).items() if (n, case) in verdicts
     ) + _done_note(res, list(exp.runs))
-    wins = sum(v == "GEM wins" for _, _, v, _ in lines)
-    rule = (f"yes: GEM wins against every rival at every (n, straggler); partly: somewhere; "
-            f"no: nowhere (wins: reaches {target} test accuracy first without ending lower at "
-            "equal samples, or ends higher as fast; E10's page states the rule, fixed before "
-            "its runs)")
-    verdict = "yes" if wins == len(lines) else "partly" if wins else "no"
-    return Verdict(ours, verdict, f"GEM wins {wins} of {len(lines)} comparisons ({rule})")
+    return _wins(ours, lines, f"yes: GEM wins against every rival at every (n, straggler); "
+                 f"partly: somewhere; no: nowhere (wins: reaches {target} test accuracy first "
+                 "without ending lower at equal samples, or ends higher as fast; E10's page "
+                 "states the rule, fixed before its runs)")
 
 
 def _versus_lm(res: Results) -> Verdict | None:
@@ -467,22 +477,18 @@ def _versus_lm(res: Results) -> Verdict | None:
     lines = e11_lines(res, exp)
     if not lines:
         return None
-    verdicts: dict[tuple[int, str], list[str]] = {}
-    for cell, rival, verdict, _ in lines:
-        verdicts.setdefault(cell, []).append(f"against {rival} {verdict}")
+    verdicts = _by_cell(lines)
     ours = "; ".join(
         f"n = {n}, {E11_CASE_TEXT[case]}: {', '.join(verdicts[(n, case)])} (final test loss, "
         "bits/byte: " + ", ".join(f"{ex.E11_LABELS[m]} {side.loss_stat().text('.3f')}"
                                   for m, side in sides.items()) + ")"
         for (n, case), sides in e11_sides(res, exp).items() if (n, case) in verdicts
     ) + _done_note(res, [r for r in exp.runs if r.tuned_by])
-    wins = sum(v == "GEM wins" for _, _, v, _ in lines)
-    rule = (f"yes: GEM-AdamW wins against every rival in every cell; partly: somewhere; no: "
-            f"nowhere (wins: reaches {ex.E11_TARGET_BITS:g} bits per byte first without "
-            "ending higher at equal tokens, or ends lower as fast; every η tuned on the same "
-            "grid; E11's page states the rule, fixed before its runs)")
-    verdict = "yes" if wins == len(lines) else "partly" if wins else "no"
-    return Verdict(ours, verdict, f"GEM wins {wins} of {len(lines)} comparisons ({rule})")
+    return _wins(ours, lines, f"yes: GEM-AdamW wins against every rival in every cell; "
+                 f"partly: somewhere; no: nowhere (wins: reaches {ex.E11_TARGET_BITS:g} bits "
+                 "per byte first without ending higher at equal tokens, or ends lower as fast; "
+                 "every η tuned on the same grid; E11's page states the rule, fixed before its "
+                 "runs)")
 
 
 CLAIMS = (
