@@ -267,15 +267,15 @@ class QuadraticSlice:
         return self.q.target(worker)[self.lo:self.hi]
 
 
-def checkpoint_after_start(directory: Path) -> Callable[[], bool]:
-    """Whether ``directory`` holds a checkpoint of one update or more (read from its name): a
-    run checkpoints while it waits too, so one from before any worker's first update would
-    stop or kill it before it started."""
+def checkpoint_after_start(directory: Path, after: int = 0) -> Callable[[], bool]:
+    """Whether ``directory`` holds a checkpoint of more than ``after`` updates (read from its
+    name): a run checkpoints while it waits too, so one from before any worker's first update
+    (or, resumed, the one it resumed from) would stop or kill it before it started."""
     from gem_mpi.outputs import checkpoint
 
     def ready() -> bool:
-        newest = checkpoint.latest(str(directory))
-        return newest is not None and Path(newest).name != checkpoint.NAME.format(clock=0)
+        found = checkpoint.listed(str(directory))
+        return bool(found) and found[-1][0] > after
     return ready
 
 
