@@ -25,7 +25,6 @@ from helpers import (
     quadratic_args,
     running_checkpoint,
     signal_when,
-    train,
     train_background,
 )
 
@@ -168,17 +167,3 @@ def test_no_sample_of_an_epoch_is_lost_or_seen_twice(tmp_path):
         rows += [(plans[k][w - 1], seq, w, loss) for w, seq, loss in zip(
             u["worker"][cut].tolist(), u["seq"][cut].tolist(), u["loss"][cut].tolist())]
     assert_every_sample_once(rows, stops[0].config["seed"] * 100_003, EPOCHS)
-
-
-def test_a_resume_on_other_workers_still_refuses_what_may_not_change(tmp_path):
-    args = quadratic_args(method="gem", dim=DIM, steps=STEPS, lr=LR,
-                          metrics=tmp_path / "run.h5", checkpoint_dir=tmp_path,
-                          checkpoint_every=EVERY, eval_every=0)
-    proc = train_background(5, *args)
-    err = signal_when(proc, lambda: _clock_of(tmp_path) >= 0)
-    assert proc.returncode == 3, err
-    res = train(3, *args, "--momentum", "0.5", "--resume", "auto", timeout=120)
-    assert res.returncode == 2, res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: error")]
-    assert len(lines) == 1 and "--momentum was 0.9, now 0.5" in lines[0], res.stderr
-    assert "Traceback" not in res.stderr

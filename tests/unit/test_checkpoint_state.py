@@ -202,17 +202,19 @@ def _downpour(*extra: str) -> dict:
 def test_a_resume_may_change_lr_and_refuses_any_other_setting_in_one_line(tmp_path, option,
                                                                           value):
     """What rank 0 decides before anything is written (gem_mpi.session._resume): --lr may
-    change; any other setting of the rule or the data is one line naming it. That the line
-    reaches the user from rank 0 with exit 2 and the files untouched is tests/
-    test_checkpoint.py's (a --momentum change under mpirun)."""
+    change; any other setting of the rule or the data is one line naming it, on as many
+    workers as the checkpoint's and on others (an elastic resume). That the line reaches
+    the user from rank 0 with exit 2 and the files untouched is tests/test_checkpoint.py's
+    (a --momentum change under mpirun)."""
     path = checkpoint.save(str(tmp_path), dataclasses.replace(_async(), config=_downpour()))
     ckpt = checkpoint.load(path)  # the settings as a resume reads them back
-    checkpoint.check_compatible(ckpt, _downpour("--lr", "0.02"), WORKERS)
-    with pytest.raises(UsageError) as exc:
-        checkpoint.check_compatible(ckpt, _downpour(option, value), WORKERS)
-    was = ckpt.config[option[2:].replace("-", "_")]
-    assert f"{option} was {was!r}, now " in str(exc.value)
-    assert "a resume may change only --lr" in str(exc.value) and "\n" not in str(exc.value)
+    for workers in (WORKERS, WORKERS - 2, WORKERS + 2):
+        checkpoint.check_compatible(ckpt, _downpour("--lr", "0.02"), workers)
+        with pytest.raises(UsageError) as exc:
+            checkpoint.check_compatible(ckpt, _downpour(option, value), workers)
+        was = ckpt.config[option[2:].replace("-", "_")]
+        assert f"{option} was {was!r}, now " in str(exc.value)
+        assert "a resume may change only --lr" in str(exc.value) and "\n" not in str(exc.value)
 
 
 def test_a_damaged_checkpoint_is_one_line(tmp_path):
@@ -231,3 +233,13 @@ def test_a_damaged_checkpoint_is_one_line(tmp_path):
         checkpoint.load(path)
     assert "\n" not in str(exc.value)
 
+
+def test_another_cut_of_theta_cannot_continue_a_checkpoint():
+    """Each shard's clock and tickets are its own: a checkpoint of --masters 2 resumed with
+    --masters 1 is one line (tests/test_shards.py's stop is resumed with the same cut)."""
+    ckpt = dataclasses.replace(_async(), config=_downpour("--masters", "2"))
+    checkpoint.check_compatible(ckpt, _downpour("--masters", "2"), WORKERS)
+    with pytest.raises(UsageError, match="was written by a run of --masters 2, this one has "
+                                         "--masters 1; resume with --masters 2") as exc:
+        checkpoint.check_compatible(ckpt, _downpour(), WORKERS)
+    assert "\n" not in str(exc.value)
