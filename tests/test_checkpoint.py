@@ -34,6 +34,8 @@ from helpers import (
 )
 
 from gem_mpi.algorithm.reference import replay
+from gem_mpi.algorithm.stepsize import Schedule
+from gem_mpi.config import Config
 from gem_mpi.outputs import checkpoint
 from gem_mpi.outputs.runfile import load_run
 from gem_mpi.problem.quadratic import Quadratic
@@ -164,9 +166,13 @@ def _gem_args(tmp: Path, steps: int, *extra: str) -> list[str]:
     return args
 
 
-@pytest.mark.parametrize("shift,mode", [("others", "wait"), ("paper", "wait"),
-                                        ("paper", "pipelined"), ("paper", "overlap")])
-def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path, shift, mode):
+# (the first row also runs a cosine schedule with warmup, stopped mid-cosine: each resumed
+# worker's η goes on from its own step)
+@pytest.mark.parametrize("shift,mode,schedule", [
+    ("others", "wait", ("--lr-schedule", "cosine", "--warmup-steps", "50")),
+    ("paper", "wait", ()), ("paper", "pipelined", ()), ("paper", "overlap", ())],
+    ids=["others-wait-cosine", "paper-wait", "paper-pipelined", "paper-overlap"])
+def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path, shift, mode, schedule):
     """SIGUSR1 (Slurm's --signal=B:USR1): exit 3 with one line, a readable metrics file
     that says it is unfinished, the newest checkpoints (--keep-checkpoints 2), no temporary
     file; the resume finishes every update once on a clock that continues. Exact in both
@@ -178,7 +184,7 @@ def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path, shift, mod
     step is computed too, but m still folds only right before a commit. Every mode with
     ``paper`` (m's fold ahead is the workers' whatever the shift; paper adds the master's
     kept s), ``others`` once."""
-    args = _gem_args(tmp_path, STEPS, "--gem-shift", shift, "--worker-mode", mode)
+    args = _gem_args(tmp_path, STEPS, "--gem-shift", shift, "--worker-mode", mode, *schedule)
     proc = train_background(WORKERS + 1, *args)
     err = signal_when(proc, _has_checkpoint(tmp_path))
     assert proc.returncode == 3, err
@@ -197,7 +203,9 @@ def test_gem_stop_and_resume_restores_each_workers_momentum(tmp_path, shift, mod
     assert f"worker momentum restored for {WORKERS} of {WORKERS} workers" in res.stderr
     # each worker's m runs on across the resume in the replay, so the result matches the run
     # only if the resumed workers got their m (and, with paper, the master their s) back
-    _check_whole_run(tmp_path, method="gem", momentum=0.9, pi_max=PI_MAX, shift=shift)
+    sched = Schedule.of(Config.of(**stopped.config).optim, STEPS) if schedule else None
+    _check_whole_run(tmp_path, method="gem", momentum=0.9, pi_max=PI_MAX, shift=shift,
+                     schedule=sched)
 
 
 @pytest.mark.parametrize("shift, mode", [("others", "wait"), ("paper", "pipelined"),
