@@ -230,23 +230,24 @@ def kill_worker_mid_run(command: list[str], env: dict[str, str], cwd: Path,
 KILL_RUN_STEPS = 2000
 
 
-def kill_run_args(workdir: Path, workers: int) -> list[str]:
-    """The run a killed-worker test kills then resumes: DOWNPOUR on the quadratic,
-    checkpointed every 0.3 s, long enough to be killed mid-run."""
+def kill_run_args(workdir: Path, workers: int, *extra: str) -> list[str]:
+    """The run a killed-worker test kills then resumes: DOWNPOUR on the quadratic (unless
+    ``extra`` options say otherwise), checkpointed every 0.3 s, long enough to be killed
+    mid-run."""
     return ["-m", "gem_mpi.train",
-            *quadratic_args(method="downpour", dim=2000, steps=KILL_RUN_STEPS, eval_every=0,
-                            metrics=workdir / "run.h5", checkpoint_dir=workdir,
+            *quadratic_args(*extra, method="downpour", dim=2000, steps=KILL_RUN_STEPS,
+                            eval_every=0, metrics=workdir / "run.h5", checkpoint_dir=workdir,
                             checkpoint_every=0.3)]
 
 
 def assert_resumed_exactly_once(
         resume: Callable[[list[str]], subprocess.CompletedProcess], workdir: Path,
-        workers: int) -> None:
-    """``resume(args)`` runs kill_run_args' run again with --resume auto: it must finish with
-    every update of every worker applied exactly once."""
+        workers: int, *extra: str) -> None:
+    """``resume(args)`` runs kill_run_args' run (with ``extra``) again with --resume auto: it
+    must finish with every update of every worker applied exactly once."""
     from gem_mpi.outputs.runfile import load_run
 
-    res = resume([*kill_run_args(workdir, workers), "--resume", "auto"])
+    res = resume([*kill_run_args(workdir, workers, *extra), "--resume", "auto"])
     assert res.returncode == 0, res.stdout + res.stderr
     u = load_run(workdir / "run.h5").updates
     assert_exactly_once(u["worker"], u["seq"], range(1, workers + 1), KILL_RUN_STEPS)
@@ -277,6 +278,32 @@ def checkpoint_after_start(directory: Path, after: int = 0) -> Callable[[], bool
         found = checkpoint.listed(str(directory))
         return bool(found) and found[-1][0] > after
     return ready
+
+
+def stop_then_kill(n: int, args: list[str], directory: Path, victim: int) -> tuple[str, str]:
+    """A run of ``args`` on n ranks, checkpointing into ``directory``: stopped (SIGUSR1) at
+    its first checkpoint after start (exit 3), resumed (--resume auto), and rank ``victim``
+    SIGKILLed once the resumed run has checkpointed past the stop: that job must end, not
+    hang (within 30 s). Two interruptions of one run, which a last --resume auto (the
+    caller's) finishes. Returns the stopped job's stderr and the killed one's."""
+    from gem_mpi.outputs import checkpoint
+
+    proc = train_background(n, *args)
+    stopped = signal_when(proc, checkpoint_after_start(directory))
+    assert proc.returncode == 3, stopped
+    stopped_at = checkpoint.listed(str(directory))[-1][0]
+    proc = train_background(n, *args, "--resume", "auto")
+    try:
+        wait_until(proc, checkpoint_after_start(directory, after=stopped_at))
+        os.kill(rank_pids(proc)[victim], signal.SIGKILL)
+        t0 = time.monotonic()
+        killed = proc.communicate(timeout=30)[1]
+        assert time.monotonic() - t0 < 30
+    finally:
+        if proc.poll() is None:
+            kill_job(proc)
+    assert proc.returncode != 0
+    return stopped, killed
 
 
 def running_checkpoint(directory: Path) -> object:
