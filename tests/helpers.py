@@ -230,24 +230,23 @@ def kill_worker_mid_run(command: list[str], env: dict[str, str], cwd: Path,
 KILL_RUN_STEPS = 2000
 
 
-def kill_run_args(workdir: Path, workers: int, *extra: str) -> list[str]:
-    """The run a killed-worker test kills then resumes: DOWNPOUR on the quadratic (unless
-    ``extra`` options say otherwise), checkpointed every 0.3 s, long enough to be killed
-    mid-run."""
+def kill_run_args(workdir: Path, workers: int) -> list[str]:
+    """The run a killed-worker test kills then resumes: DOWNPOUR on the quadratic,
+    checkpointed every 0.3 s, long enough to be killed mid-run."""
     return ["-m", "gem_mpi.train",
-            *quadratic_args(*extra, method="downpour", dim=2000, steps=KILL_RUN_STEPS,
-                            eval_every=0, metrics=workdir / "run.h5", checkpoint_dir=workdir,
+            *quadratic_args(method="downpour", dim=2000, steps=KILL_RUN_STEPS, eval_every=0,
+                            metrics=workdir / "run.h5", checkpoint_dir=workdir,
                             checkpoint_every=0.3)]
 
 
 def assert_resumed_exactly_once(
         resume: Callable[[list[str]], subprocess.CompletedProcess], workdir: Path,
-        workers: int, *extra: str) -> None:
-    """``resume(args)`` runs kill_run_args' run (with ``extra``) again with --resume auto: it
-    must finish with every update of every worker applied exactly once."""
+        workers: int) -> None:
+    """``resume(args)`` runs kill_run_args' run again with --resume auto: it must finish with
+    every update of every worker applied exactly once."""
     from gem_mpi.outputs.runfile import load_run
 
-    res = resume([*kill_run_args(workdir, workers, *extra), "--resume", "auto"])
+    res = resume([*kill_run_args(workdir, workers), "--resume", "auto"])
     assert res.returncode == 0, res.stdout + res.stderr
     u = load_run(workdir / "run.h5").updates
     assert_exactly_once(u["worker"], u["seq"], range(1, workers + 1), KILL_RUN_STEPS)
