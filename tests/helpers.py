@@ -267,16 +267,42 @@ class QuadraticSlice:
         return self.q.target(worker)[self.lo:self.hi]
 
 
-def checkpoint_after_start(directory: Path) -> Callable[[], bool]:
-    """Whether ``directory`` holds a checkpoint of one update or more (read from its name): a
-    run checkpoints while it waits too, so one from before any worker's first update would
-    stop or kill it before it started."""
+def checkpoint_after_start(directory: Path, after: int = 0) -> Callable[[], bool]:
+    """Whether ``directory`` holds a checkpoint of more than ``after`` updates (read from its
+    name): a run checkpoints while it waits too, so one from before any worker's first update
+    (or, resumed, the one it resumed from) would stop or kill it before it started."""
     from gem_mpi.outputs import checkpoint
 
     def ready() -> bool:
-        newest = checkpoint.latest(str(directory))
-        return newest is not None and Path(newest).name != checkpoint.NAME.format(clock=0)
+        found = checkpoint.listed(str(directory))
+        return bool(found) and found[-1][0] > after
     return ready
+
+
+def stop_then_kill(n: int, args: list[str], directory: Path, victim: int) -> tuple[str, str]:
+    """A run of ``args`` on n ranks, checkpointing into ``directory``: stopped (SIGUSR1) at
+    its first checkpoint after start (exit 3), resumed (--resume auto), and rank ``victim``
+    SIGKILLed once the resumed run has checkpointed past the stop: that job must end, not
+    hang (within 30 s). Two interruptions of one run, which a last --resume auto (the
+    caller's) finishes. Returns the stopped job's stderr and the killed one's."""
+    from gem_mpi.outputs import checkpoint
+
+    proc = train_background(n, *args)
+    stopped = signal_when(proc, checkpoint_after_start(directory))
+    assert proc.returncode == 3, stopped
+    stopped_at = checkpoint.listed(str(directory))[-1][0]
+    proc = train_background(n, *args, "--resume", "auto")
+    try:
+        wait_until(proc, checkpoint_after_start(directory, after=stopped_at))
+        os.kill(rank_pids(proc)[victim], signal.SIGKILL)
+        t0 = time.monotonic()
+        killed = proc.communicate(timeout=30)[1]
+        assert time.monotonic() - t0 < 30
+    finally:
+        if proc.poll() is None:
+            kill_job(proc)
+    assert proc.returncode != 0
+    return stopped, killed
 
 
 def running_checkpoint(directory: Path) -> object:

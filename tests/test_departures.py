@@ -2,9 +2,10 @@
 rank. It signs off once its last update is applied, exits 0 when the run ends, and the run
 finishes on the others with its budget whole: the departed worker's batches not done are
 dealt to the workers as they finish theirs. On the quadratic the run is replayed bit for
-bit from its log; on a dataset whose loss names its batch (tests/user_code/elastic_probe.py)
-every sample of every epoch is seen once. Every worker leaving ends the run with a
-checkpoint that a resume finishes."""
+bit from its log (with θ cut over 2 masters too, each shard's slice from its own log); on a
+dataset whose loss names its batch (tests/user_code/elastic_probe.py) every sample of every
+epoch is seen once. Every worker leaving ends the run with a checkpoint that a resume
+finishes."""
 
 from __future__ import annotations
 
@@ -82,52 +83,51 @@ def _check_once(u: dict, plans: list[elastic.Plan], first: list[elastic.Plan]) -
     assert batches(plans) == batches(first)
 
 
-@pytest.mark.parametrize("method, shift, mode", [
-    ("gem", "others", "wait"), ("gem", "paper", "pipelined"), ("gem", "others", "overlap"),
-    ("gap-aware", "others", "wait")])  # the rules with state; the stateless ones' replays
+@pytest.mark.parametrize("method, shift, mode, masters", [
+    ("gem", "others", "wait", 2), ("gem", "paper", "pipelined", 1),
+    ("gem", "others", "overlap", 1),
+    ("gap-aware", "others", "wait", 1)])  # the rules with state; the stateless ones' replays
 # are the in-process orders' and test_train_invariants.py's
 def test_a_worker_sent_sigterm_leaves_and_the_run_finishes_on_three(tmp_path, method, shift,
-                                                                    mode):
+                                                                    mode, masters):
+    """With --masters 2 (the first row) the followers learn each deal from the lead: every
+    shard applies the whole budget, every update once, and replays its slice of θ."""
+    from test_shards import QuadraticSlice, shard_bounds, shard_logs
+
     args = quadratic_args(method=method, dim=DIM, steps=STEPS, lr=LR,
                           metrics=tmp_path / "run.h5", save=tmp_path / "theta.npy",
                           checkpoint_dir=tmp_path, checkpoint_every=EVERY, eval_every=0,
-                          worker_mode=mode)
+                          worker_mode=mode, masters=masters)
     if method == "gem":
         args += ["--pi-max", str(PI_MAX), "--gem-shift", shift]
-    proc = train_background(5, *args)
-    err = _terminate(proc, [2], lambda: _started(tmp_path))
+    proc = train_background(4 + masters, *args)
+    victim = masters + 1  # worker 2's rank
+    err = _terminate(proc, [victim], lambda: _started(tmp_path))
     assert proc.returncode == 0, err
-    assert "Traceback" not in err and "worker 2 (rank 2) left at update" in err, err
+    assert "Traceback" not in err and f"worker 2 (rank {victim}) left at update" in err, err
     run = load_run(tmp_path / "run.h5")
     u, gone = run.updates, run.other["departures"]
     assert run.summary["finished"] == 1.0
-    assert u["clock"].tolist() == list(range(4 * STEPS))  # the budget, whole
     assert gone["worker"].tolist() == [2] and gone["workers_left"].tolist() == [3]
     left_after = int(gone["updates"][0])
     assert 0 < left_after < STEPS, (left_after, err)  # it left in the middle of its batches
     assert int(gone["not_done"][0]) == STEPS - left_after
-    assert int(np.count_nonzero(u["worker"] == 2)) == left_after
     final = checkpoint.load(checkpoint.latest(str(tmp_path)))
     plans = elastic.from_array(final.data_plan, 4)
     assert elastic.length(plans[1]) == left_after
-    _check_once(u, plans, [elastic.source_plan(s, 4, STEPS, 1) for s in range(1, 5)])
-    ref = replay(u, Quadratic(DIM, 0), method, LR, momentum=0.9, pi_max=PI_MAX, shift=shift)
-    assert np.array_equal(np.load(tmp_path / "theta.npy"), ref.theta)
-
-
-def test_sharded_masters_deal_a_departed_workers_batches(tmp_path):
-    """--masters 2: the followers learn each deal from the lead; every shard applies the
-    whole budget."""
-    args = quadratic_args(method="gem", dim=DIM, steps=STEPS, lr=LR,
-                          metrics=tmp_path / "run.h5", checkpoint_dir=tmp_path,
-                          checkpoint_every=EVERY, eval_every=0, masters=2)
-    proc = train_background(6, *args)
-    err = _terminate(proc, [3], lambda: _started(tmp_path))  # worker 2 is rank 3
-    assert proc.returncode == 0, err
-    run = load_run(tmp_path / "run.h5")
-    assert run.updates["clock"].tolist() == list(range(4 * STEPS))
-    with h5py.File(tmp_path / "run.h5") as f:
-        assert f["summary/shard_clock"][()].tolist() == [4 * STEPS] * 2
+    theta, q = np.load(tmp_path / "theta.npy"), Quadratic(DIM, 0)
+    logs = shard_logs(tmp_path / "run.h5", masters) if masters > 1 else [u]
+    bounds = shard_bounds(masters) if masters > 1 else [(0, DIM)]
+    for k, (log, (lo, hi)) in enumerate(zip(logs, bounds)):
+        assert log["clock"].tolist() == list(range(4 * STEPS)), k  # the budget, whole
+        assert int(np.count_nonzero(log["worker"] == 2)) == left_after, k
+        _check_once(log, plans, [elastic.source_plan(s, 4, STEPS, 1) for s in range(1, 5)])
+        ref = replay(log, QuadraticSlice(q, lo, hi), method, LR, momentum=0.9, pi_max=PI_MAX,
+                     shift=shift, window=len(log["worker"]) + 1)
+        assert np.array_equal(theta[lo:hi], ref.theta), f"shard {k}"
+    if masters > 1:
+        with h5py.File(tmp_path / "run.h5") as f:
+            assert f["summary/shard_clock"][()].tolist() == [4 * STEPS] * masters
 
 
 def test_every_worker_leaving_ends_the_run_with_a_checkpoint_that_resumes(tmp_path):

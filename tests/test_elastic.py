@@ -25,7 +25,6 @@ from helpers import (
     quadratic_args,
     running_checkpoint,
     signal_when,
-    train,
     train_background,
 )
 
@@ -110,43 +109,37 @@ def _quadratic(tmp: Path, method: str, shift: str, mode: str, *extra: str) -> li
     return args
 
 
-@pytest.mark.parametrize("method, shift, mode", [
-    ("gem", "others", "wait"), ("gem", "others", "pipelined"), ("gem", "paper", "overlap"),
-    ("gap-aware", "others", "wait")])
-def test_four_workers_resume_on_two_then_six_exactly(tmp_path, method, shift, mode):
+@pytest.mark.parametrize("method, shift, mode, masters", [
+    ("gem", "paper", "wait", 2), ("gem", "others", "pipelined", 1),
+    ("gem", "paper", "overlap", 1), ("gap-aware", "others", "wait", 1)])
+def test_four_workers_resume_on_two_then_six_exactly(tmp_path, method, shift, mode, masters):
     """Pipelined or overlapped, a stopped worker may have had an update in flight (m one
     fold ahead: the momentum file's prev) or its next computed: whoever gets the batch
     redoes it. The rules with state across a resize (GEM's m and kept s, Gap-Aware's v);
     DOWNPOUR's and adaptive's have none, and their replays are the in-process orders'
-    (tests/unit/test_master_in_process.py) and tests/test_train_invariants.py's. The kept s
-    remapped in wait mode: test_sharded_masters_keep_their_k_across_resizes."""
-    args = _quadratic(tmp_path, method, shift, mode)
-    stops, errs = _segments(tmp_path, args)
+    (tests/unit/test_master_in_process.py) and tests/test_train_invariants.py's. With
+    --masters 2 (the first row) the kept s is remapped before it is cut per shard: each
+    shard's slice of θ is the replay of its own event order, every update once per segment
+    on every shard."""
+    from test_shards import QuadraticSlice, shard_bounds, shard_logs
+
+    extra = ("--masters", str(masters)) if masters > 1 else ()
+    args = _quadratic(tmp_path, method, shift, mode, *extra)
+    stops, errs = _segments(tmp_path, args, masters=masters)
     if method == "gem":  # the continuing workers found their m, the new ones start at 0
         assert "worker momentum restored for 2 of 2 workers" in errs[1]
         assert "worker momentum restored for 2 of 6 workers" in errs[2]
-    u, _ = _check_segments(tmp_path, stops, 4 * STEPS)
+    _check_segments(tmp_path, stops, 4 * STEPS)
     # bit for bit: each continuing worker's m (and, paper, its kept s) ran on, a new one's
     # started afresh, Gap-Aware's v and the clock carried over
-    ref = replay(u, Quadratic(DIM, 0), method, LR, momentum=0.9, pi_max=PI_MAX, shift=shift,
-                 new_at_seq0=True)
-    assert np.array_equal(np.load(tmp_path / "theta.npy"), ref.theta)
-
-
-def test_sharded_masters_keep_their_k_across_resizes(tmp_path):
-    """--masters 2: the kept s is remapped before it is cut per shard; each shard's slice of θ
-    is the replay of its own event order, every update once per segment on shard 0."""
-    from test_shards import QuadraticSlice, shard_bounds, shard_logs
-
-    args = _quadratic(tmp_path, "gem", "paper", "wait", "--masters", "2")
-    stops, _ = _segments(tmp_path, args, masters=2)
-    _check_segments(tmp_path, stops, 4 * STEPS)
     theta, q = np.load(tmp_path / "theta.npy"), Quadratic(DIM, 0)
-    for k, (u, (lo, hi)) in enumerate(zip(shard_logs(tmp_path / "run.h5", 2),
-                                          shard_bounds(2))):
+    logs = shard_logs(tmp_path / "run.h5", masters) if masters > 1 else [
+        load_run(tmp_path / "run.h5").updates]
+    bounds = shard_bounds(masters) if masters > 1 else [(0, DIM)]
+    for k, (u, (lo, hi)) in enumerate(zip(logs, bounds)):
         assert u["clock"].tolist() == list(range(4 * STEPS)), k
-        ref = replay(u, QuadraticSlice(q, lo, hi), "gem", LR, momentum=0.9, pi_max=PI_MAX,
-                     shift="paper", window=len(u["worker"]) + 1, new_at_seq0=True)
+        ref = replay(u, QuadraticSlice(q, lo, hi), method, LR, momentum=0.9, pi_max=PI_MAX,
+                     shift=shift, window=len(u["worker"]) + 1, new_at_seq0=True)
         assert np.array_equal(theta[lo:hi], ref.theta), f"shard {k}"
 
 
@@ -168,17 +161,3 @@ def test_no_sample_of_an_epoch_is_lost_or_seen_twice(tmp_path):
         rows += [(plans[k][w - 1], seq, w, loss) for w, seq, loss in zip(
             u["worker"][cut].tolist(), u["seq"][cut].tolist(), u["loss"][cut].tolist())]
     assert_every_sample_once(rows, stops[0].config["seed"] * 100_003, EPOCHS)
-
-
-def test_a_resume_on_other_workers_still_refuses_what_may_not_change(tmp_path):
-    args = quadratic_args(method="gem", dim=DIM, steps=STEPS, lr=LR,
-                          metrics=tmp_path / "run.h5", checkpoint_dir=tmp_path,
-                          checkpoint_every=EVERY, eval_every=0)
-    proc = train_background(5, *args)
-    err = signal_when(proc, lambda: _clock_of(tmp_path) >= 0)
-    assert proc.returncode == 3, err
-    res = train(3, *args, "--momentum", "0.5", "--resume", "auto", timeout=120)
-    assert res.returncode == 2, res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: error")]
-    assert len(lines) == 1 and "--momentum was 0.9, now 0.5" in lines[0], res.stderr
-    assert "Traceback" not in res.stderr

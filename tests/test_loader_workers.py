@@ -1,11 +1,12 @@
 """--loader-workers in real mpirun jobs: one GEM worker (--worker-mode wait, deterministic)
-trains the same θ bit for bit with its batches made by loader processes as by itself, also
-when stopped and resumed with another --loader-workers; and every ending (finished, stopped
+trains the same θ bit for bit with its batches made by loader processes (from a resume that
+changed --loader-workers) as by itself; and every ending (finished, stopped
 by SIGUSR1, diverged, a killed worker) leaves no loader process behind and does not hang.
 tests/unit/test_loader.py checks the batches themselves, for every kind of dataset."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -14,7 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import kill_rank_when, rank_pids, signal_when, train, train_background
+from helpers import (
+    checkpoint_after_start,
+    kill_rank_when,
+    rank_pids,
+    signal_when,
+    train,
+    train_background,
+)
 
 from gem_mpi.outputs.runfile import load_run
 
@@ -89,17 +97,6 @@ def made_here(tmp_path_factory) -> Path:
     return tmp
 
 
-def test_loader_processes_train_the_same_theta(made_here, tmp_path):
-    res = train(2, *_args(tmp_path, 2), timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert "Traceback" not in res.stderr and "Warning" not in res.stderr
-    _same_theta(_state(made_here), _state(tmp_path))
-    own, loaded = load_run(made_here / "run.h5"), load_run(tmp_path / "run.h5")
-    assert (own.updates["loss"] == loaded.updates["loss"]).all()
-    assert loaded.config["loader_workers"] == 2
-    _none_left(str(tmp_path), within=0)  # closed by the worker, before the job ended
-
-
 def test_sync_workers_train_the_same_theta_with_loader_processes(tmp_path):
     """--method sync: every rank a worker, each with its own loader processes."""
     for loaders in (0, 2):
@@ -112,21 +109,27 @@ def test_sync_workers_train_the_same_theta_with_loader_processes(tmp_path):
     _same_theta(tmp_path / "0" / "model.pt", tmp_path / "2" / "model.pt")
 
 
-def test_stopped_with_loader_processes_then_resumed_without_is_exact(made_here, tmp_path):
-    """SIGUSR1 while the loader processes run: exit 3, none left; the resume (which may change
-    --loader-workers) continues the worker's batches where they stopped."""
+def test_stopped_without_loader_processes_then_resumed_with_them_is_exact(made_here, tmp_path):
+    """Stopped (SIGUSR1) while the worker makes its batches itself, resumed with 2 loader
+    processes (a resume may change --loader-workers): they continue the worker's batches
+    where it stopped, so θ and every update's loss are the reference run's bit for bit; the
+    finished run closes them before the job ends. (A stop while they run: the signal tests
+    below.)"""
     extra = ("--checkpoint-dir", str(tmp_path), "--checkpoint-every", "0.3")
-    proc = train_background(2, *_args(tmp_path, 2, *extra))
-    has_checkpoint = lambda: any(tmp_path.glob("checkpoint_*.h5"))
-    err = signal_when(proc, _loaders_running(proc, str(tmp_path), has_checkpoint))
+    proc = train_background(2, *_args(tmp_path, 0, *extra))
+    err = signal_when(proc, checkpoint_after_start(tmp_path))
     assert proc.returncode == 3, err
     assert "Traceback" not in err
-    _none_left(str(tmp_path))
     assert 0 < load_run(tmp_path / "run.h5").summary["updates"] < STEPS
-    res = train(2, *_args(tmp_path, 0, *extra, "--resume", "auto"), timeout=300)
+    res = train(2, *_args(tmp_path, 2, *extra, "--resume", "auto"), timeout=300)
     assert res.returncode == 0, res.stderr
-    assert "--loader-workers 2 -> 0" in res.stderr
+    assert "Traceback" not in res.stderr and "Warning" not in res.stderr
+    assert "--loader-workers 0 -> 2" in res.stderr
+    _none_left(str(tmp_path), within=0)  # closed by the worker, before the job ended
     _same_theta(_state(made_here), _state(tmp_path))
+    own, loaded = load_run(made_here / "run.h5"), load_run(tmp_path / "run.h5")
+    assert (own.updates["loss"] == loaded.updates["loss"]).all()
+    assert json.loads(loaded.attrs["resume_log"])[-1]["changes"] == {"loader_workers": [0, 2]}
 
 
 def test_a_diverged_run_leaves_no_loader_process(tmp_path):

@@ -132,75 +132,86 @@ def _has_checkpoint(tmp: Path):
     return checkpoint_after_start(tmp)
 
 
-@pytest.mark.parametrize("proxy", ["local", "global"])
-def test_stop_and_resume_is_exact_on_every_shard(tmp_path, proxy):
-    """SIGUSR1: rank 0 cuts every shard at the same updates, checkpoints, and every rank
-    exits 3; the resume continues each shard's clock, tickets and θ, and each worker's m
-    (local) or each shard's slice of the master's m (global, gathered into the checkpoint's
-    one ``proxy_m`` and scattered back): the whole log of each shard replays its slice bit
-    for bit."""
-    steps = CKPT_STEPS
-    args = _ckpt_args(tmp_path, "gem", steps, "--gem-proxy", proxy)
+def _stop(tmp: Path, args: list[str]) -> None:
+    """SIGUSR1 at the first checkpoint: rank 0 cuts every shard at the same updates."""
     proc = train_background(WORKERS + 2, *args)
-    err = signal_when(proc, _has_checkpoint(tmp_path))
+    err = signal_when(proc, _has_checkpoint(tmp))
     assert proc.returncode == 3, err
     assert err.count("stopped by signal 10 at update") == 1
-    momentum_files = len(list(tmp_path.glob("momentum_w*.h5")))
-    with h5py.File(checkpoint.latest(str(tmp_path))) as f:
+    with h5py.File(checkpoint.latest(str(tmp))) as f:
         clocks = f["shard_clock"][()].tolist()
         next_seq = f["next_seq"][()]
-        proxy_m = f["proxy_m"][()] if "proxy_m" in f else None
     assert clocks == [int(next_seq.sum())] * 2  # one cut: the same updates on each shard
-    if proxy == "local":
-        assert momentum_files == WORKERS and proxy_m is None
-        # another cut of θ cannot continue it: one line, exit 2, the files untouched (the
-        # resume below replays bit for bit)
-        other = train(WORKERS + 1, *args, "--masters", "1", "--resume", "auto", timeout=120)
-        lines = [ln for ln in other.stderr.splitlines() if ln.startswith("gem_mpi: error")]
-        assert other.returncode == 2 and len(lines) == 1, other.stderr
-        assert "was written by a run of --masters 2, this one has --masters 1" in lines[0]
-    else:  # the workers keep nothing; m whole, both shards' slices folded
-        assert momentum_files == 0
-        assert proxy_m.shape == (DIM,)
-        assert all((proxy_m[lo:hi] != 0).any() for lo, hi in shard_bounds(2))
-    res = train(WORKERS + 2, *args, "--resume", "auto", timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert (f"worker momentum restored for {WORKERS} of {WORKERS} workers" if proxy == "local"
-            else "the global proxy's m restored from the checkpoint") in res.stderr
-    assert_shards_replay(tmp_path / "run.h5", np.load(tmp_path / "theta.npy"), 2, "gem",
-                         steps, momentum=0.9, pi_max=50.0, proxy=proxy, n_workers=WORKERS)
 
 
-@pytest.mark.parametrize("method,extra,rule", [
-    ("downpour", (), {}),
-    ("gem", ("--gem-proxy", "global"), {"momentum": 0.9, "pi_max": 50.0, "proxy": "global",
-                                        "n_workers": WORKERS}),
-])
-def test_killed_worker_then_resume_applies_every_update_once_on_every_shard(tmp_path, method,
-                                                                            extra, rule):
-    """A crash: the resume starts from the last periodic checkpoint, exact for DOWNPOUR and
-    for GEM's global proxy (every checkpoint holds each shard's slice of the master's m)."""
-    steps = CKPT_STEPS
-    args = _ckpt_args(tmp_path, method, steps, *extra)
+def _kill_worker_2(tmp: Path, args: list[str], after: int = 0) -> str:
+    """SIGKILL worker 2 (rank 3) once the run has a checkpoint of more than ``after``
+    updates: the job must end, not hang. Returns its stderr."""
     proc = train_background(WORKERS + 2, *args)
     try:
-        wait_until(proc, _has_checkpoint(tmp_path))
+        wait_until(proc, checkpoint_after_start(tmp, after=after))
         ranks = rank_pids(proc)
         assert set(ranks) == set(range(WORKERS + 2))
         os.kill(ranks[3], signal.SIGKILL)  # worker 2
-        proc.communicate(timeout=60)  # the job must end, not hang
+        err = proc.communicate(timeout=60)[1]  # the job must end, not hang
     finally:
         if proc.poll() is None:
             kill_job(proc)
     assert proc.returncode != 0
+    return err
+
+
+def test_stop_and_resume_is_exact_on_every_shard(tmp_path):
+    """SIGUSR1: rank 0 cuts every shard at the same updates, checkpoints, and every rank
+    exits 3; the resume continues each shard's clock, tickets and θ, and each worker's m:
+    the whole log of each shard replays its slice bit for bit. (The global proxy's stop:
+    below; another cut of θ refused: tests/unit/test_checkpoint_state.py.)"""
+    steps = CKPT_STEPS
+    args = _ckpt_args(tmp_path, "gem", steps, "--gem-proxy", "local")
+    _stop(tmp_path, args)
+    assert len(list(tmp_path.glob("momentum_w*.h5"))) == WORKERS
+    with h5py.File(checkpoint.latest(str(tmp_path))) as f:
+        assert "proxy_m" not in f
     res = train(WORKERS + 2, *args, "--resume", "auto", timeout=300)
     assert res.returncode == 0, res.stderr
-    run = load_run(tmp_path / "run.h5")
-    assert run.attrs["resumes"] >= 1
-    if method == "gem":
-        assert "the global proxy's m restored from the checkpoint" in res.stderr
-    assert_shards_replay(tmp_path / "run.h5", np.load(tmp_path / "theta.npy"), 2, method,
-                         steps, **rule)
+    assert f"worker momentum restored for {WORKERS} of {WORKERS} workers" in res.stderr
+    assert_shards_replay(tmp_path / "run.h5", np.load(tmp_path / "theta.npy"), 2, "gem",
+                         steps, momentum=0.9, pi_max=50.0, proxy="local", n_workers=WORKERS)
+
+
+def test_global_proxy_stop_then_killed_worker_then_resume_is_exact_on_every_shard(tmp_path):
+    """--gem-proxy global over 2 shards, one run stopped (SIGUSR1), resumed, then worker 2
+    SIGKILLed and resumed again from the last periodic checkpoint: each shard's slice of the
+    master's m gathered into the checkpoint's one ``proxy_m`` and scattered back, the workers
+    keeping nothing; the whole log of each shard replays its slice bit for bit."""
+    steps = CKPT_STEPS
+    args = _ckpt_args(tmp_path, "gem", steps, "--gem-proxy", "global")
+    _stop(tmp_path, args)
+    assert not list(tmp_path.glob("momentum_w*.h5"))
+    state = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    assert state.proxy_m.shape == (DIM,)  # m whole, both shards' slices folded
+    assert all((state.proxy_m[lo:hi] != 0).any() for lo, hi in shard_bounds(2))
+    err = _kill_worker_2(tmp_path, [*args, "--resume", "auto"], after=state.clock)
+    assert "the global proxy's m restored from the checkpoint" in err
+    res = train(WORKERS + 2, *args, "--resume", "auto", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "the global proxy's m restored from the checkpoint" in res.stderr
+    assert load_run(tmp_path / "run.h5").attrs["resumes"] >= 2
+    assert_shards_replay(tmp_path / "run.h5", np.load(tmp_path / "theta.npy"), 2, "gem",
+                         steps, momentum=0.9, pi_max=50.0, proxy="global", n_workers=WORKERS)
+
+
+def test_killed_worker_then_resume_applies_every_update_once_on_every_shard(tmp_path):
+    """A crash: the resume starts from the last periodic checkpoint, exact for DOWNPOUR (and
+    for GEM's global proxy, above)."""
+    steps = CKPT_STEPS
+    args = _ckpt_args(tmp_path, "downpour", steps)
+    _kill_worker_2(tmp_path, args)
+    res = train(WORKERS + 2, *args, "--resume", "auto", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert load_run(tmp_path / "run.h5").attrs["resumes"] >= 1
+    assert_shards_replay(tmp_path / "run.h5", np.load(tmp_path / "theta.npy"), 2, "downpour",
+                         steps)
 
 
 @pytest.mark.parametrize("method", ["gem", "downpour"])
@@ -244,15 +255,11 @@ def test_mnist_cnn_learns_with_two_masters(tmp_path):
     assert len(run.other["shard1"]["worker"]) == 450
 
 
-@pytest.mark.parametrize("args,ranks,says", [
-    (("--masters", "4"), 4, "--masters 4 needs at least 5 MPI ranks"),
-    (("--masters", "5"), 7, "--masters 5: θ is cut between tensors and this model has only 4"),
-    (("--masters", "2", "--method", "sync"), 4, "--masters 2 is for the asynchronous methods"),
-    (("--masters", "0"), 4, "--masters must be > 0"),
-])
-def test_bad_masters_is_one_line_from_rank_0_and_exit_2(tmp_path, args, ranks, says):
-    res = train(ranks, *quadratic_args(*args, dim=DIM, steps=5), timeout=120)
+def test_bad_masters_is_one_line_from_rank_0_and_exit_2():
+    """One job for the path from rank 0's check to every rank's exit 2; the cases are
+    tests/unit/test_refusals.py's, in-process."""
+    res = train(4, *quadratic_args("--masters", "4", dim=DIM, steps=5), timeout=120)
     assert res.returncode == 2, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gem_mpi: error")]
-    assert len(lines) == 1 and says in lines[0], res.stderr
+    assert len(lines) == 1 and "--masters 4 needs at least 5 MPI ranks" in lines[0], res.stderr
     assert "Traceback" not in res.stderr

@@ -1,6 +1,7 @@
 """The typed checkpoint (gem_mpi.outputs.checkpoint.Checkpoint) without MPI: what is written
 is what is read, a method leaves out what it does not have, a shard's slice and the join of
-every shard's state are inverse, and a file of another format is one line."""
+every shard's state are inverse, and a file of another format, a damaged file and a resume
+that changes a setting other than --lr are one line."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
+from gem_mpi import config
 from gem_mpi.config import Config
 from gem_mpi.errors import UsageError
 from gem_mpi.outputs import checkpoint
@@ -185,3 +187,59 @@ def test_resume_auto_continues_only_the_run_it_names(tmp_path):
     with pytest.raises(UsageError, match="holds checkpoints of run mine already"):
         checkpoint.resolve(None, d, "mine")
     assert checkpoint.resolve(None, d, None) is None and checkpoint.resolve(None, None, "x") is None
+
+
+def _downpour(*extra: str) -> dict:
+    """The recorded settings of tests/test_checkpoint.py's run, with ``extra`` options."""
+    cfg, _ = config.parse(["--model", "quadratic", "--dataset", "synthetic", "--method",
+                           "downpour", "--quadratic-dim", "2000", "--lr", "0.05", *extra])
+    return cfg.as_dict()
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--momentum", "0.5"), ("--kappa", "2"), ("--gem-shift", "paper"), ("--eps", "1e-8"),
+    ("--pi-max", "3"), ("--seed", "1"), ("--quadratic-dim", "3000")])
+def test_a_resume_may_change_lr_and_refuses_any_other_setting_in_one_line(tmp_path, option,
+                                                                          value):
+    """What rank 0 decides before anything is written (gem_mpi.session._resume): --lr may
+    change; any other setting of the rule or the data is one line naming it, on as many
+    workers as the checkpoint's and on others (an elastic resume). That the line reaches
+    the user from rank 0 with exit 2 and the files untouched is tests/test_checkpoint.py's
+    (a --momentum change under mpirun)."""
+    path = checkpoint.save(str(tmp_path), dataclasses.replace(_async(), config=_downpour()))
+    ckpt = checkpoint.load(path)  # the settings as a resume reads them back
+    for workers in (WORKERS, WORKERS - 2, WORKERS + 2):
+        checkpoint.check_compatible(ckpt, _downpour("--lr", "0.02"), workers)
+        with pytest.raises(UsageError) as exc:
+            checkpoint.check_compatible(ckpt, _downpour(option, value), workers)
+        was = ckpt.config[option[2:].replace("-", "_")]
+        assert f"{option} was {was!r}, now " in str(exc.value)
+        assert "a resume may change only --lr" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_damaged_checkpoint_is_one_line(tmp_path):
+    """Not HDF5 at all, or one bit of θ flipped (its checksum): refused, not resumed."""
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(b"not hdf5 at all" * 10)
+    with pytest.raises(UsageError, match="not a readable checkpoint") as exc:
+        checkpoint.load(str(bad))
+    assert "\n" not in str(exc.value)
+    path = checkpoint.save(str(tmp_path), _async())
+    with h5py.File(path, "r+") as f:
+        theta = f["theta"][()]
+        theta.view(np.uint32)[7] ^= 1 << 3
+        f["theta"][...] = theta
+    with pytest.raises(UsageError, match="theta does not match its checksum") as exc:
+        checkpoint.load(path)
+    assert "\n" not in str(exc.value)
+
+
+def test_another_cut_of_theta_cannot_continue_a_checkpoint():
+    """Each shard's clock and tickets are its own: a checkpoint of --masters 2 resumed with
+    --masters 1 is one line (tests/test_shards.py's stop is resumed with the same cut)."""
+    ckpt = dataclasses.replace(_async(), config=_downpour("--masters", "2"))
+    checkpoint.check_compatible(ckpt, _downpour("--masters", "2"), WORKERS)
+    with pytest.raises(UsageError, match="was written by a run of --masters 2, this one has "
+                                         "--masters 1; resume with --masters 2") as exc:
+        checkpoint.check_compatible(ckpt, _downpour(), WORKERS)
+    assert "\n" not in str(exc.value)

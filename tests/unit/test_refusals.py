@@ -1,7 +1,7 @@
 """Bad input that rank 0 decides before any window exists, checked in-process: each is one
 UsageError line from ``validate``. That such a line reaches the user as one line from rank 0
 and exit 2 on every rank is held by one mpirun job per engine (tests/test_ddp.py,
-test_diloco.py, test_groups.py) and by tests/test_cli.py."""
+test_diloco.py, test_groups.py, test_shards.py) and by tests/test_cli.py."""
 
 from __future__ import annotations
 
@@ -102,3 +102,21 @@ def test_adamw_trains_every_method(method):
     """Accepted by the preflight (its runs: tests/test_sync.py, tests/test_adamw.py)."""
     cfg, _ = config.parse(["--optimizer", "adamw", "--method", method, "--betas", "0.8,0.99"])
     validate(cfg, 2, data=False)
+
+
+@pytest.mark.parametrize("ranks, argv, says", [
+    (4, ("--masters", "4"), "--masters 4 needs at least 5 MPI ranks"),
+    (7, ("--masters", "5"), "--masters 5: θ is cut between tensors and this model has only 4"),
+    (4, ("--masters", "2", "--method", "sync"), "--masters 2 is for the asynchronous methods"),
+    (4, ("--masters", "0"), "--masters must be > 0"),
+])
+def test_bad_masters_is_one_line_from_rank_0(ranks, argv, says):
+    """Rank 0's checks before any window (gem_mpi.session's, the cut of θ between tensors
+    included); the line's way to every rank's exit 2: tests/test_shards.py."""
+    from gem_mpi.session import _check_on_master
+
+    with pytest.raises(UsageError) as err:
+        cfg, _ = config.parse([*QUADRATIC, "--quadratic-dim", "2000", "--max-steps", "5",
+                               *argv])
+        _check_on_master(cfg, ranks)
+    assert says in str(err.value) and "\n" not in str(err.value)

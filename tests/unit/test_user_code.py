@@ -1,6 +1,6 @@
 """The user's model, dataset and loss, checked in-process by rank 0's validation: each bad
 input is one UsageError line saying which and why (tests/test_examples.py runs the good ones,
-and a few bad ones, through mpirun)."""
+and one bad one from the command line and one from Python, through mpirun)."""
 
 from __future__ import annotations
 
