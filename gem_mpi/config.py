@@ -204,15 +204,16 @@ class OptimConfig:
                            "(Algorithm 1's order: with --gem-shift others and "
                            "--gradient-at pulled, Algorithm 1 exactly); 'overlap': a "
                            "compute thread computes step k+1 while the worker commits step k "
-                           "and pulls the θ of step k+2, so a step costs the longer of "
-                           "compute and communication, not their sum (one step more "
-                           "staleness, which GEM's shift sees: s is the θ each update's "
+                           "and, just before step k+1 ends and once update k was applied, "
+                           "pulls the θ of step k+2, so a step costs the longer of compute "
+                           "and communication, not their sum (pipelined's staleness: update "
+                           "k+1 is in flight; GEM's shift sees it: s is the θ each update's "
                            "step pulled); asynchronous methods only",
                            check=(lambda v: v in WORKER_MODES,
                                   f"one of {', '.join(WORKER_MODES)}"))
-    gradient_at: str = opt(AT_OWN, "where a worker whose own last updates are still in flight "
-                           "when it pulls (--worker-mode pipelined: one, overlap: two) takes "
-                           "its next gradient: 'own', at the θ pulled plus those updates "
+    gradient_at: str = opt(AT_OWN, "where a worker whose own last update is still in flight "
+                           "when it pulls (--worker-mode pipelined or overlap) takes "
+                           "its next gradient: 'own', at the θ pulled plus that update "
                            "(unscaled, as the authors' prototype adds its own update to its "
                            "copy); 'pulled', at the θ pulled (Algorithm 1 as printed). GEM's "
                            "shift is measured from the θ pulled either way; a waiting worker "

@@ -112,11 +112,11 @@ class HostCopies:
 
     def __init__(self, torch: ModuleType, device: torch.device, n: int, overlapped: bool,
                  turns: int, points: bool = False) -> None:
-        """``points``: as many θ buffers again, for the gradient points
+        """``points``: one θ buffer more, for the gradient point
         (:mod:`gem_mpi.engine.points`), loaded as the pulls are."""
         self.torch, self.device = torch, device
         pinned = [torch.empty(n, dtype=torch.float32, pin_memory=True)
-                  for _ in range((3 if overlapped else 1) * (2 if points else 1))]
+                  for _ in range((3 if overlapped else 1) + (1 if points else 0))]
         self.pull_buffers = [p.numpy() for p in pinned]
         self._pinned = {b.ctypes.data: p for b, p in zip(self.pull_buffers, pinned)}
         self.flat = torch.empty(n, dtype=torch.float32, device=device)

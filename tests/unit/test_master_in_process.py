@@ -29,9 +29,11 @@ DIM, WORKERS, STEPS, LR = 37, 3, 8, 0.1
 
 
 def _cfg(tmp_path, **options) -> config.Config:
+    """A worker thread that fails sends nothing more: the master ends the run after 30 s
+    (--worker-timeout) and the test fails, where it would wait for its DONE forever."""
     return config.Config.of(model="quadratic", dataset="synthetic", quadratic_dim=DIM,
                             max_steps=STEPS, lr=LR, metrics=str(tmp_path / "run.h5"),
-                            eval_every=0, log_every=60.0, **options)
+                            eval_every=0, log_every=60.0, worker_timeout=30.0, **options)
 
 
 def _workers(board: MemoryWindows, cfg: config.Config, q, errors: list) -> None:
