@@ -439,8 +439,9 @@ released.)doc");
         "to gem_mpi.algorithm.rule.Momentum's numpy fold; m_out may be m_in)");
   m.def("triad", &triad, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("q"),
         py::arg("threads") = 1, py::arg("spawn") = false,
-        "triad(a, b, c, q, threads=1, spawn=False): a = b + q * c (benchmark); spawn: on "
-        "threads spawned for this call, not the pool's");
+        "triad(a, b, c, q, threads=1, spawn=False): a = b + q * c, each a float32 rounding "
+        "(the benchmarks' STREAM triad and a worker's gradient point); spawn: on threads "
+        "spawned for this call, not the pool's");
   m.def("fill", &fill, py::arg("dst"), py::arg("value"), py::arg("threads") = 1,
         "fill(dst, value, threads=1): dst[:] = value, each thread its own range of the "
         "kernels' split (first touch of memory the kernels will stream)");

@@ -55,6 +55,7 @@ standard error). Histogram increments are the kernel's costliest part; sampling 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -379,6 +380,29 @@ def load_extension() -> tuple[object | None, str]:
         if got != want:
             return None, f"stale build ({name} {got}, expected {want}); rebuild with pip install ."
     return _core, ""
+
+
+@functools.cache
+def _extension() -> object | None:
+    return load_extension()[0]
+
+
+def axpy(out: np.ndarray, x: np.ndarray, scale: float, y: np.ndarray,
+         threads: int = 1) -> np.ndarray:
+    """out = x + scale·y in float32 with one rounding per operation (scale·y, then the
+    add; no FMA), so that the bits equal numpy's ``x + np.float32(scale) * y``: a worker's
+    gradient point (:mod:`gem_mpi.engine.points`) from its Δθ = −η·g without Δθ made first,
+    in one pass on the compute's path. The extension's triad when built, else numpy's two
+    passes."""
+    core = _extension()
+    if core is not None:
+        core.triad(out, x, y, float(scale), threads)  # type: ignore[attr-defined]
+    elif scale == 1.0:
+        np.add(x, y, out=out)
+    else:
+        np.multiply(y, np.float32(scale), out=out)
+        np.add(x, out, out=out)
+    return out
 
 
 class Kernel:

@@ -79,6 +79,14 @@ class DeltaTurns:
         self.delta = self.deltas[turn]
         return self.torch.sub(local, theta, out=self.delta)
 
+    def pending(self, seq: int, delta: np.ndarray | None) -> tuple[np.ndarray, float]:
+        """Step ``seq``'s Δθ as (v, q), Δθ = q·v: as computed (q = 1), or (deferred) its g
+        and −η, which :meth:`settle` multiplies later (the same float32 product)."""
+        if delta is not None:
+            return delta, 1.0
+        turn = seq % len(self.deltas)
+        return self.grads[turn].numpy(), -self.lrs[turn]
+
     def settle(self, seq: int, delta: np.ndarray | None) -> np.ndarray:
         """Step ``seq``'s Δθ on the host: as computed, or (deferred) −ηg made now, its g
         zeroed for the step after next; on the thread that sends it."""

@@ -47,7 +47,7 @@ def pipelined_order(w: WorkerStep, start_seq: int, version: Versions) -> tuple[b
     ep, split = w.ep, w.split
     s_copy = np.empty_like(ep.theta) if w.rule.with_s else None
     points = GradientPoints(w.cfg.optim.gradient_at, ep.theta, start_seq,
-                            w.steps_fn.pull_buffers[1:2])
+                            w.steps_fn.pull_buffers[1:2], w.steps_fn.threads)
     for seq in range(start_seq, w.steps_fn.steps):
         if w.leave_now(seq):  # its last update may be in flight: LEFT waits for its slot
             return False, version
@@ -129,7 +129,8 @@ def overlap_order(w: WorkerStep, start_seq: int, version: Versions) -> tuple[boo
     thetas = [ep.theta, *(pinned[k] if k < len(pinned) else np.empty_like(ep.theta)
                           for k in (1, 2))]
     versions = [version] * 3
-    points = GradientPoints(w.cfg.optim.gradient_at, ep.theta, start_seq, pinned[3:])
+    points = GradientPoints(w.cfg.optim.gradient_at, ep.theta, start_seq, pinned[3:],
+                            w.steps_fn.threads)
     clock = PullClock()
     with ThreadPoolExecutor(1, thread_name_prefix="gem-compute",
                             initializer=w.steps_fn.compute_thread) as pool, \
@@ -146,10 +147,8 @@ def overlap_order(w: WorkerStep, start_seq: int, version: Versions) -> tuple[boo
                 done = running.result()
                 split.charge("compute")
                 clock.computed(done.compute_s)
-                delta = None
-                if points.on:  # the next step's point holds this Δθ
-                    delta = w.steps_fn.settle(seq, done.delta)
-                    points.done(seq, delta)
+                if points.on:  # the next step's point holds this Δθ, still q·v here
+                    points.done(seq, *w.steps_fn.pending(seq, done.delta))
                 if seq + 1 < steps:
                     nxt = (turn + 1) % 3
                     running = pool.submit(w.step, seq + 1,
@@ -158,8 +157,7 @@ def overlap_order(w: WorkerStep, start_seq: int, version: Versions) -> tuple[boo
                 if not ep.wait_slot_free():  # freed before the pull but near the end
                     return True, versions[turn]
                 split.charge("wait")
-                if delta is None:
-                    delta = w.steps_fn.settle(seq, done.delta)
+                delta = w.steps_fn.settle(seq, done.delta)  # off the compute's path
                 parts = w.payload(delta, thetas[turn], done.on_device)
                 ep.commit(UPDATE, seq, versions[turn], done.loss, done.compute_s, parts,
                           w.steps_of(seq))

@@ -39,6 +39,7 @@ class Steps(Protocol[M]):
     pull_buffers: list[np.ndarray]
     group: Group | None
     own: States | None  # the worker's own optimizer (AdamW, --local-steps'), whose step is Δθ
+    threads: int  # the worker's intra-op threads (its gradient point's add takes them too)
 
     @property
     def device(self) -> object:
@@ -62,6 +63,10 @@ class Steps(Protocol[M]):
                  ) -> tuple[np.ndarray | None, float]:
         """Step ``seq`` at ``theta``: (Δθ on the host, or None when settle makes it, loss);
         ``h``: its local steps, ≤ --local-steps H (--dylu; None: H)."""
+
+    def pending(self, seq: int, delta: np.ndarray | None) -> tuple[np.ndarray, float]:
+        """Step ``seq``'s Δθ as (v, q), Δθ = q·v, before :meth:`settle` (v holds until
+        then): a gradient point's add reads it without Δθ made first."""
 
     def settle(self, seq: int, delta: np.ndarray | None) -> np.ndarray:
         """Step ``seq``'s Δθ on the host, on the thread that sends it."""
@@ -109,6 +114,7 @@ class QuadraticSteps:
         self.pull_buffers: list[np.ndarray] = []
         self.group: Group | None = None
         self.delta_on_device = None  # m lives on the host, beside Δθ
+        self.threads = 1
         self.own = own_optimizer(optim, adamw or AdamWConfig(), np.zeros(self.n, np.float32))
 
     def momentum_like(self) -> np.ndarray:
@@ -148,6 +154,9 @@ class QuadraticSteps:
     def compute_thread(self) -> None:
         """Nothing to set up on the compute thread."""
 
+    def pending(self, seq: int, delta: np.ndarray | None) -> tuple[np.ndarray, float]:
+        return self.settle(seq, delta), 1.0
+
     def settle(self, seq: int, delta: np.ndarray | None) -> np.ndarray:
         assert delta is not None, "the quadratic's Δθ comes with its step"
         return delta
@@ -180,6 +189,7 @@ class TorchSteps:
         self.torch = torch
         self.device = torch_device(cfg.runtime.threads, placement)
         self.local = LocalStep(cfg.optim, problem, self.device)
+        self.threads = torch.get_num_threads()  # as torch_device set them
         self._first_seq = start_seq
         n = problem.n_params
         self.load_s = 0.0  # copying θ into the model's parameters
@@ -290,6 +300,9 @@ class TorchSteps:
             eta = float(self.schedule.eta(seq * self.h + i))
             local.add_(own.step(grad, local, eta, d, fresh=i == 0))
         return total / len(parts)
+
+    def pending(self, seq: int, delta: np.ndarray | None) -> tuple[np.ndarray, float]:
+        return self.turns.pending(seq, delta)
 
     def settle(self, seq: int, delta: np.ndarray | None) -> np.ndarray:
         return self.turns.settle(seq, delta)
