@@ -64,12 +64,17 @@ def test_quick_runs_write_metrics_and_records(quick):
     e9 = json.loads((quick / "e9-global-lr0.1-n002-s0.json").read_text())["command"]
     assert "--gem-proxy global" in e9 and "--lr 0.1" in e9
     # E10: DDP and DiLoCo run every rank as a worker; the same budget and straggler for all
+    # each at the η its tuning runs chose (quick: of 0.05 and 0.1, on the held-out images)
     for method, ranks in (("gem", 3), ("ddp", 2), ("diloco", 2)):
-        rec = json.loads((quick / f"e10-{method}-straggler-n002-s0.json").read_text())
+        rec = json.loads((quick / f"e10-{method}-straggler-tuned-n002-s0.json").read_text())
         assert rec["ranks"] == ranks and f"mpirun -n {ranks} " in rec["command"], rec
         assert f"--method {method} " in rec["command"] and "--max-steps 20" in rec["command"]
-        assert "--straggler 2:5" in rec["command"]
-    e10 = json.loads((quick / "e10-diloco-even-n002-s0.json").read_text())["command"]
+        assert "--straggler 2:5" in rec["command"] and "--holdout" not in rec["command"]
+        assert re.search(r"--lr (0\.05|0\.1) ", rec["command"]), rec["command"]
+        tune = json.loads((quick / f"e10-tune-{method}-lr0.1-n002-s100.json").read_text())
+        assert "--holdout 10000" in tune["command"] and "--lr 0.1 " in tune["command"]
+        assert "--straggler" not in tune["command"]
+    e10 = json.loads((quick / "e10-diloco-even-tuned-n002-s0.json").read_text())["command"]
     assert "--diloco-steps 20" in e10 and "--straggler" not in e10
     e8 = json.loads((quick / "e8-gem-n002-s0.json").read_text())
     assert e8["memory"]["peak_tree_pss_mb"] > 0  # measured by tools/memwatch.py
@@ -108,11 +113,16 @@ def test_report_pages_figures_and_claims(quick, tmp_path):
     e10 = (out / "E10.md").read_text()
     for case in ("no straggler", "worker 2, 5× slower"):
         for method in ("GEM", "DDP", "DiLoCo"):
-            assert f"| 2 | {case} | {method} | 1/1 | 0/1 |" in e10, (case, method)
+            assert re.search(rf"\| 2 \| {case} \| {method} \| (0\.05|0\.1) \| 1/1 \| "
+                             r"0/1 \|", e10), (case, method)
         for rival in ("DDP", "DiLoCo"):
             assert re.search(rf"- n = 2, {case}, against {rival}: \*\*(GEM wins|GEM loses|"
                              r"mixed|even)\*\*\. time to 95 %: GEM ", e10), (case, rival)
     assert "fixed in `gem_mpi/reproduce/experiments.py`" in e10
+    tuned = e10.split("## The η each method's tuning chose")[1].split("## Verdicts")[0]
+    for method in ("GEM", "DDP", "DiLoCo"):  # both η's validation losses, the lower chosen
+        assert re.search(rf"\| 2 \| {method} \| \d\.\d{{4}} \| \d\.\d{{4}} \| "
+                         r"\*\*(0\.05|0\.1)\*\* \|", tuned), (method, tuned)
     assert "--method ddp" in e10 and "--method diloco" in e10
     # --pages: only the pages named, and no README
     only = tmp_path / "only"

@@ -462,11 +462,11 @@ def _versus_sync(res: Results) -> Verdict | None:
         + ", ".join(f"{E10_LABELS[m]} {side.accuracy_stat().text('.2f', 100, ' %')}"
                     for m, side in sides.items()) + ")"
         for (n, case), sides in e10_sides(res, exp).items() if (n, case) in verdicts
-    ) + _done_note(res, list(exp.runs))
+    ) + _done_note(res, [r for r in exp.runs if r.tuned_by])
     return _wins(ours, lines, f"yes: GEM wins against every rival at every (n, straggler); "
                  f"partly: somewhere; no: nowhere (wins: reaches {target} test accuracy first "
-                 "without ending lower at equal samples, or ends higher as fast; E10's page "
-                 "states the rule, fixed before its runs)")
+                 "without ending lower at equal samples, or ends higher as fast; every η "
+                 "tuned on the same grid; E10's page states the rules, fixed before its runs)")
 
 
 def _versus_lm(res: Results) -> Verdict | None:

@@ -55,8 +55,8 @@ class Run:
     lr: float = 0.05
     cpu_env: bool = False  # so many ranks that only the CPU-only torch fits in memory
     memwatch: bool = False  # measure the job's memory (tools/memwatch.py)
-    # (run name, η) of the tuning runs whose results choose this run's η (E11's main runs):
-    # until they are done its --lr is E11_PENDING_LR and it waits (runner.tuned)
+    # (run name, η) of the tuning runs whose results choose this run's η (E10's and E11's
+    # main runs): until they are done its --lr is PENDING_LR and it waits (runner.tuned)
     tuned_by: tuple[tuple[str, float], ...] = ()
 
     @property
@@ -70,7 +70,7 @@ class Run:
         return self.workers * self.steps * self.batch
 
     def with_lr(self, lr: float) -> Run:
-        """The run with its --lr set (an E11 main run once its tuning runs chose η)."""
+        """The run with its --lr set (a tuned main run once its tuning runs chose η)."""
         opts = list(self.options)
         opts[opts.index("--lr") + 1] = _fmt(lr)
         return replace(self, lr=lr, options=tuple(opts))
@@ -110,6 +110,8 @@ class Budget:
     e10_ns: tuple[int, ...] = (4, 8)
     e10_steps: int = 200  # steps per worker, every method (in samples: n × steps × 64)
     e10_eval_steps: int = 20  # evaluate every so many steps per worker (DiLoCo's round, H)
+    e10_tune_steps: int = 100  # the tuning runs' steps per worker (E10_LRS' rule)
+    e10_lrs: tuple[float, ...] = ()  # the tuning grid (): E10_LRS; the quick budget's fewer
     evals: int = 10  # evaluations per run (E2/E5: two per data epoch instead)
     log_every: float = 60.0
     dataset: str = DATASETS[0]
@@ -149,7 +151,7 @@ def quick_budget(dataset: str = DATASETS[0]) -> Budget:
                   e5_epochs=1, e4_ns=(1, 2), e4_batch=64, e4_epochs=1, e6_ns=(2,), e7_ns=(2,),
                   e7_kappas=(1.0, 4.0), e8_n=2, e8_batch=8, e8_epochs=1, evals=2,
                   log_every=30.0, dataset=dataset, e10_ns=(2,), e10_steps=20,
-                  e10_eval_steps=10,
+                  e10_eval_steps=10, e10_tune_steps=20, e10_lrs=(0.05, 0.1),
                   e8_folder=FolderSpec(classes=4, train_per_class=6, val_per_class=4,
                                        size=64))
 
@@ -310,6 +312,8 @@ def _e9(b: Budget) -> tuple[Run, ...]:
                  for src, lr in E9_SETTINGS for n in ns[src] for s in b.seeds)
 
 
+PENDING_LR = "TUNED"  # a tuned main run's --lr until its tuning runs are done (E10, E11)
+
 # E10: GEM against the synchronous baselines a user would otherwise run, PyTorch DDP and DiLoCo
 # (torchft), at the same budget in samples (every worker the same steps of b 64, η 0.05, μ 0.9)
 # and evaluated at the same numbers of samples, with every worker at its pace or worker 2 five
@@ -335,11 +339,40 @@ def e10_case(run: Run) -> str:
     return run.variant.rsplit("-", 1)[1]
 
 
+def e10_lrs(b: Budget) -> tuple[float, ...]:
+    """E10's tuning grid at budget ``b`` (the quick budget tunes on two η only)."""
+    return b.e10_lrs or E10_LRS
+
+
+def pending_lr(run: Run, tuned_by: tuple[tuple[str, float], ...]) -> Run:
+    """``run`` waiting for the η its tuning runs ``tuned_by`` choose (:func:`choose_lr`):
+    its --lr is PENDING_LR until then (runner.tuned)."""
+    opts = list(run.options)
+    opts[opts.index("--lr") + 1] = PENDING_LR
+    return replace(run, lr=math.nan, options=tuple(opts), tuned_by=tuned_by)
+
+
 def _e10(b: Budget) -> tuple[Run, ...]:
-    return tuple(_run("E10", f"{method}-{case}", n, s, method, b, extra=(*opts, *slow),
-                      max_steps=b.e10_steps, eval_steps=b.e10_eval_steps)
-                 for n in b.e10_ns for case, slow in E10_CASES for method, opts in E10_METHODS
-                 for s in b.seeds)
+    """Per n and method: the tuning runs (each η of the grid, no straggler, E10_TUNE_SEED,
+    b.e10_tune_steps, validated on the last E10_HOLDOUT training images), then its main runs
+    (each case and seed, tested on the test set), whose η the tuning runs choose."""
+    runs: list[Run] = []
+    for n in b.e10_ns:
+        for method, opts in E10_METHODS:
+            tune = [_run("E10", f"tune-{method}-lr{_fmt(lr)}", n, E10_TUNE_SEED, method, b,
+                         lr=lr, extra=(*opts, "--holdout", str(E10_HOLDOUT)),
+                         max_steps=b.e10_tune_steps, eval_steps=b.e10_tune_steps)
+                    for lr in e10_lrs(b)]
+            runs += tune
+            by = tuple((t.name, t.lr) for t in tune)
+            for case, slow in E10_CASES:
+                for s in b.seeds:
+                    run = _run("E10", f"{method}-{case}", n, s, method, b, extra=(*opts, *slow),
+                               max_steps=b.e10_steps, eval_steps=b.e10_eval_steps)
+                    # named apart from the runs of E10 at η 0.05 before it was tuned
+                    runs.append(pending_lr(replace(run, name=f"e10-{method}-{case}-tuned-"
+                                                   f"n{n:03d}-s{s}"), by))
+    return tuple(runs)
 
 
 # E11: the language model (--model gpt --dataset text, bytes of the running Python's standard
@@ -389,7 +422,6 @@ E11_LABELS = {"gem": "GEM-AdamW", "dn-dylu": "DN + DyLU", "diloco": "DiLoCo (Ada
               "ddp": "DDP-AdamW", "gap-aware": "Gap-Aware-AdamW"}
 E11_CASES = ("even", "spread")
 E11_SPREAD = (1.0, 4.0)  # the slowest worker's factor against the fastest's
-E11_PENDING_LR = "TUNED"  # a main run's --lr until its tuning runs are done
 
 
 def e11_speeds(n: int) -> str:
@@ -420,7 +452,7 @@ def _e11_run(e: E11Budget, variant: str, method: str, own: tuple[str, ...], n: i
     local = "--local-steps" in own  # --max-steps and --eval-every count updates of H steps
     options = ("--method", method, "--model", "gpt", "--dataset", "text", "--context",
                str(e.context), *e.gpt, "--optimizer", "adamw",
-               "--lr", E11_PENDING_LR if lr is None else _fmt(lr),
+               "--lr", PENDING_LR if lr is None else _fmt(lr),
                "--batch-size", str(e.batch), "--max-steps", str(steps // h if local else steps),
                "--seed", str(seed), *evaluate, *own, *speeds,
                *(("--threads", str(e.threads)) if e.threads else ()))
@@ -577,6 +609,19 @@ E10_TARGET = 0.95
 E10_TIME_RATIO = 1.1
 E10_ACC_POINTS = 0.25
 
+# E10's tuning, fixed before any tuned E10 run (the verdict above is unchanged): for each n
+# and method, one run at each η of E10_LRS, e10_tune_steps (100) steps per worker, no
+# straggler, seed E10_TUNE_SEED (none of the main runs'), with --holdout E10_HOLDOUT: trained
+# without the last 10 000 training images and validated on them, never on the test set. The
+# main runs of that (n, method) take the η of the lowest final validation loss (choose_lr: a
+# diverged or failed run counts as an infinite loss; a tie goes to the smaller η; if every η
+# diverged, the smallest). The grid is the same for every method: the paper's 0.05, half of
+# it, and doublings up to 0.4, so that it holds the linear-scaling value of the synchronous
+# methods, whose step averages n workers' gradients (0.05 · n: 0.2 at n = 4, 0.4 at n = 8).
+E10_LRS = (0.025, 0.05, 0.1, 0.2, 0.4)
+E10_TUNE_SEED = 100
+E10_HOLDOUT = E5_HOLDOUT
+
 # E11's rule, fixed before any E11 run (tuning: e11_choose_lr here; verdict: results.py,
 # e11_verdict), in two parts.
 # - Tuning, the same budget for every method: for each n and method, one run at each η of
@@ -616,10 +661,17 @@ E11_TIME_RATIO = 1.1
 E11_LOSS_RATIO = 1.01
 
 
-def e11_choose_lr(losses: dict[float, float]) -> float:
+def choose_lr(losses: dict[float, float]) -> float:
     """The η of the lowest finite validation loss (ties: the smaller η; none finite: the
-    smallest η), from one (n, method)'s tuning runs, one per η of E11_LRS."""
+    smallest η), from one (n, method)'s tuning runs, one per η of its grid (E10's, E11's)."""
+    if not losses:
+        raise ValueError("no tuning run to choose η from")
+    finite = [(loss, lr) for lr, loss in losses.items() if math.isfinite(loss)]
+    return min(finite)[1] if finite else min(losses)
+
+
+def e11_choose_lr(losses: dict[float, float]) -> float:
+    """:func:`choose_lr` over E11's tuning runs, one per η of E11_LRS."""
     if sorted(losses) != sorted(E11_LRS):
         raise ValueError(f"E11 tunes on every η of {E11_LRS}, got {sorted(losses)}")
-    finite = [(loss, lr) for lr, loss in losses.items() if math.isfinite(loss)]
-    return min(finite)[1] if finite else min(E11_LRS)
+    return choose_lr(losses)

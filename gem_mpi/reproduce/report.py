@@ -641,7 +641,8 @@ def e10_cells(exp: ex.Experiment) -> dict[tuple[int, str], dict[str, list[ex.Run
     """(n, case) → method → its runs (every seed), in the experiment's order."""
     out: dict[tuple[int, str], dict[str, list[ex.Run]]] = {}
     for r in exp.runs:
-        out.setdefault((r.n, ex.e10_case(r)), {}).setdefault(r.method, []).append(r)
+        if r.tuned_by:
+            out.setdefault((r.n, ex.e10_case(r)), {}).setdefault(r.method, []).append(r)
     return out
 
 
@@ -724,31 +725,38 @@ def _e10_curves(ax_samples, ax_time, res: Results, methods: dict[str, list[ex.Ru
 
 
 def _e10(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
-    """Per cell (n, straggler or not): test accuracy against samples and against seconds for
-    each method; the table of time to target, samples/s, final numbers; the verdicts."""
-    plt = figures.pyplot()
+    """The rules as fixed; per cell (n, straggler or not): test accuracy against samples and
+    against seconds for each method; the η each method's tuning chose; the table of time to
+    target, samples/s, final numbers; the verdicts."""
     cells = e10_cells(exp)
-    ns = sorted({n for n, _ in cells})
-    cases = [c for c, _ in ex.E10_CASES]
-    fig, axes = plt.subplots(len(ns), 2 * len(cases), figsize=(4.2 * 2 * len(cases),
-                                                               3.6 * len(ns)), squeeze=False)
-    for row, n in zip(axes, ns):
-        for j, case in enumerate(cases):
-            a, b = row[2 * j], row[2 * j + 1]
-            _e10_curves(a, b, res, cells.get((n, case), {}))
-            a.set_title(f"{workers(n)}, {E10_CASE_TEXT[case]}: per sample")
-            b.set_title(f"{workers(n)}, {E10_CASE_TEXT[case]}: per second")
-    steps = exp.runs[0].steps if exp.runs else 0
-    gaps = [g for r in res.done(list(exp.runs)) for g in
+    mains = [r for methods in cells.values() for runs in methods.values() for r in runs]
+    lines: list[str] = []
+    if res.done(mains):
+        plt = figures.pyplot()
+        ns = sorted({n for n, _ in cells})
+        cases = [c for c, _ in ex.E10_CASES]
+        fig, axes = plt.subplots(len(ns), 2 * len(cases), figsize=(4.2 * 2 * len(cases),
+                                                                   3.6 * len(ns)),
+                                 squeeze=False)
+        for row, n in zip(axes, ns):
+            for j, case in enumerate(cases):
+                a, b = row[2 * j], row[2 * j + 1]
+                _e10_curves(a, b, res, cells.get((n, case), {}))
+                a.set_title(f"{workers(n)}, {E10_CASE_TEXT[case]}: per sample")
+                b.set_title(f"{workers(n)}, {E10_CASE_TEXT[case]}: per second")
+        lines = _figure(out, "E10.png", fig, "Test accuracy of θ against the training samples "
+                        "of all workers (mean over seeds at the numbers of samples every seed "
+                        "evaluated, ± one sd shaded) and against the "
+                        "training clock (each seed), per method, n and straggler; the dotted "
+                        f"line is the target, {100 * ex.E10_TARGET:g} %")
+    steps = mains[0].steps if mains else 0
+    gaps = [g for r in res.done(mains) for g in
             np.diff(res.data(r).eval_col("time") if res.data(r).eval_col("time") is not None
                     else np.zeros(0))]
-    lines = _figure(out, "E10.png", fig, "Test accuracy of θ against the training samples "
-                    "of all workers (mean over seeds at the numbers of samples every seed "
-                    "evaluated, ± one sd shaded) and against the "
-                    "training clock (each seed), per method, n and straggler; the dotted line "
-                    f"is the target, {100 * ex.E10_TARGET:g} %")
-    lines += [(f"Every method trains the same model on MNIST with η 0.05, μ 0.9 and b 64, "
-               f"each worker {steps} steps, so every run sees n × {steps} × 64 samples, and "
+    grid = ex.e10_lrs(res.budget)
+    lines += [(f"Every method trains the same model on MNIST with μ 0.9 and b 64 at the η its "
+               f"tuning chose (below), each worker {steps} steps, so every run sees n × "
+               f"{steps} × 64 samples, and "
                "is evaluated on the test set at the same numbers of samples: every "
                f"{res.budget.e10_eval_steps} steps per worker "
                "(a synchronous step is every worker's; GEM counts updates, so n times as "
@@ -757,14 +765,15 @@ def _e10(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                + (f"every {np.median(gaps):.1f} s of their clock (median; "
                   f"{np.percentile(gaps, 10):.1f}–{np.percentile(gaps, 90):.1f} s from the "
                   "10th to the 90th percentile)" if gaps else "at most once per evaluation's "
-                  "time") + ": the time to target is known to about that. GEM runs one master rank besides its n workers; DDP and DiLoCo run n "
+                  "time") + ": the time to target is known to about that. GEM runs one "
+               "master rank besides its n workers; DDP and DiLoCo run n "
                f"ranks. The straggler is worker {ex.E10_STRAGGLER.split(':')[0]}, "
                f"{ex.E10_STRAGGLER.split(':')[1]} times slower (it sleeps after each step). "
                "Every rank shares this machine's cores, so the seconds are this machine's: "
                "with more ranks than cores, a straggler's sleep frees a core for the others."
                + (f" {ex.E10_BUDGET_NOTE}" if res.budget.name == "full" else "")),
-              "",
-              (f"The verdict's rule was fixed in `gem_mpi/reproduce/experiments.py` (E10's "
+              "", "## The rules, fixed before the runs", "",
+              (f"- **The verdict**, fixed in `gem_mpi/reproduce/experiments.py` (E10's "
                f"constants; `results.py`: `e10_verdict`) and committed before any E10 run: "
                f"per cell and rival, time to {100 * ex.E10_TARGET:g} % test accuracy (a "
                "method reaches it only if every seed does; a gap counts if it is over "
@@ -773,13 +782,25 @@ def _e10(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                f"{ex.E10_ACC_POINTS:g} points and beyond two standard errors; more diverged "
                "runs is lower). GEM wins: faster and not lower, or as fast and higher; loses: "
                "slower and not higher, or as fast and lower; mixed: faster but lower, or "
-               "slower but higher; even: neither differs."), "",
-              ("What the numbers do not say: every method steps with η 0.05, the paper's MNIST "
-               "setting, so DDP and DiLoCo, whose steps average n workers' "
+               "slower but higher; even: neither differs."),
+              (f"- **The tuning, the same for every method**, fixed (E10_LRS, `choose_lr`) "
+               f"before any tuned E10 run: per n and method, one run at each η of "
+               f"{', '.join(f'{x:g}' for x in grid)}, {res.budget.e10_tune_steps} steps per "
+               f"worker, no straggler, seed {ex.E10_TUNE_SEED} (none of the main runs'), "
+               f"trained without the last {ex.E10_HOLDOUT} training images (`--holdout`) and "
+               "validated on them, never on the test set. Its main runs take the η of the "
+               "lowest final validation loss (diverged: infinite; a tie: the smaller η; all "
+               "diverged: the smallest). The grid holds the paper's 0.05 and the synchronous "
+               "methods' linear-scaling value, 0.05 · n."), "",
+              "## The η each method's tuning chose", ""]
+    lines += tuning_table(res, exp, lambda r: r.method, E10_LABELS, grid, fmt=".4f")
+    lines += ["", "Final validation loss of each tuning run (nats).", "",
+              ("What the numbers do not say: DDP and DiLoCo, whose steps average n workers' "
                "gradients (a batch n times GEM's), take n times fewer steps for the same "
-               "samples than GEM's master applies updates, and no η was tuned for them (nor "
-               "for GEM); and the seconds are those of n + 1 (GEM) or n ranks sharing this "
-               "machine's 2 cores, not of a core per worker."), "", "## Verdicts", ""]
+               "samples than GEM's master applies updates; each η was chosen on a short "
+               "budget without a straggler; and the seconds are those of n + 1 (GEM) or n "
+               "ranks sharing this machine's 2 cores, not of a core per worker."), "",
+              "## Verdicts", ""]
     verdicts = e10_lines(res, exp)
     if verdicts:
         count = {v: sum(x[2] == v for x in verdicts) for v in ("GEM wins", "GEM loses",
@@ -794,7 +815,8 @@ def _e10(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
         for method, runs in methods.items():
             side = e10_side(res, runs)
             rows.append([str(n), E10_CASE_TEXT[case], E10_LABELS[method],
-                         f"{len(res.done(runs))}/{len(runs)}", _div(res, runs),
+                         tuned_lrs(res, runs), f"{len(res.done(runs))}/{len(runs)}",
+                         _div(res, runs),
                          e10_time_text(side),
                          _e10_stat(res, runs, analysis.samples_per_second).text(".0f"),
                          side.accuracy_stat().text(".2f", 100, " %"),
@@ -802,7 +824,7 @@ def _e10(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                              ".4f"),
                          stat(res, runs, "final_loss").text(".4f"),
                          stat(res, runs, "wall_s", finished_only=False).text(".1f")])
-    lines += md_table(["n", "straggler", "method", "runs done", "diverged",
+    lines += md_table(["n", "straggler", "method", "η", "runs done", "diverged",
                        f"time to {100 * ex.E10_TARGET:g} % test accuracy",
                        "samples/s (all workers)", "final test accuracy", "final test loss",
                        "final training loss", "training wall s"], rows)
@@ -830,19 +852,39 @@ def e11_cells(exp: ex.Experiment) -> dict[tuple[int, str], dict[str, list[ex.Run
     return out
 
 
-def e11_tuning(res: Results, exp: ex.Experiment
-               ) -> list[tuple[int, str, dict[float, float] | None, float | None]]:
-    """Per (n, method): its tuning runs' validation losses by η (None while any is not done)
-    and the η the rule chose (None likewise)."""
+def tuning(res: Results, exp: ex.Experiment, method_of: Callable[[ex.Run], str]
+           ) -> list[tuple[int, str, dict[float, float] | None, float | None]]:
+    """Per (n, method) of E10's or E11's: its tuning runs' validation losses by η (None
+    while any is not done) and the η the rule chose (None likewise)."""
     out, seen = [], set()
     for r in exp.runs:
-        key = (r.n, ex.e11_method(r))
+        key = (r.n, method_of(r))
         if not r.tuned_by or key in seen:
             continue
         seen.add(key)
         losses = runner.tuning_losses(res.dir, r)
-        out.append((r.n, key[1], losses, None if losses is None else ex.e11_choose_lr(losses)))
+        out.append((r.n, key[1], losses, None if losses is None else ex.choose_lr(losses)))
     return out
+
+
+def tuning_table(res: Results, exp: ex.Experiment, method_of: Callable[[ex.Run], str],
+                 labels: dict[str, str], grid: tuple[float, ...], unit: float = 1.0,
+                 fmt: str = ".3f") -> list[str]:
+    """The table of each (n, method)'s final validation losses by η and the η chosen."""
+    rows = []
+    for n, method, losses, chosen in tuning(res, exp, method_of):
+        cells = [("–" if losses is None or lr not in losses else
+                  "diverged" if not math.isfinite(losses[lr]) else
+                  _num(losses[lr] / unit, fmt)) for lr in grid]
+        rows.append([str(n), labels[method], *cells,
+                     f"**{chosen:g}**" if chosen is not None else "waits for its tuning runs"])
+    return md_table(["n", "method", *(f"η {x:g}" for x in grid), "chosen η"], rows)
+
+
+def tuned_lrs(res: Results, runs: list[ex.Run]) -> str:
+    """The η the runs' tuning chose ("–" while it waits)."""
+    lrs = {r.lr for r in (runner.tuned(res.dir, r) for r in runs) if r is not None}
+    return ", ".join(f"{x:g}" for x in sorted(lrs)) or "–"
 
 
 def e11_sides(res: Results, exp: ex.Experiment) -> dict[tuple[int, str], dict[str, LossSide]]:
@@ -921,7 +963,8 @@ def _e11(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                "machine's."), "",
               "## The rule, fixed before the runs", "",
               ("Committed in `gem_mpi/reproduce/experiments.py` (E11's constants, "
-               "`e11_choose_lr`) and `results.py` (`e11_verdict`) before any E11 run."), "",
+               "`e11_choose_lr`, `choose_lr`) and `results.py` (`e11_verdict`) before any "
+               "E11 run."), "",
               (f"- **Tuning, the same for every method**: per n and method, one run at each "
                f"η of {', '.join(f'{x:g}' for x in ex.E11_LRS)} (the workers' AdamW η), "
                f"{e.tune_steps} steps per worker, even speeds, seed {ex.E11_TUNE_SEED} (none "
@@ -941,14 +984,7 @@ def _e11(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
                "and lower; loses when slower and not lower, or as fast and higher; mixed when "
                "faster but higher, or slower but lower; even when neither differs."), "",
               "## The η each method's tuning chose", ""]
-    rows = []
-    for n, variant, losses, chosen in e11_tuning(res, exp):
-        cells_ = [("–" if losses is None or lr not in losses else
-                   "diverged" if not math.isfinite(losses[lr]) else
-                   _num(losses[lr] / BITS)) for lr in ex.E11_LRS]
-        rows.append([str(n), ex.E11_LABELS[variant], *cells_,
-                     f"**{chosen:g}**" if chosen is not None else "waits for its tuning runs"])
-    lines += md_table(["n", "method", *(f"η {x:g}" for x in ex.E11_LRS), "chosen η"], rows)
+    lines += tuning_table(res, exp, ex.e11_method, ex.E11_LABELS, ex.E11_LRS, unit=BITS)
     lines += ["", "Final validation loss of each tuning run, bits per byte.", "",
               "## Verdicts", ""]
     verdicts = e11_lines(res, exp)
@@ -964,9 +1000,8 @@ def _e11(res: Results, exp: ex.Experiment, out: Path) -> list[str]:
     for (n, case), methods in cells.items():
         for variant, runs in methods.items():
             side = e11_side(res, runs)
-            lrs = {r.lr for r in (runner.tuned(res.dir, r) for r in runs) if r is not None}
             rows.append([str(n), E11_CASE_TEXT[case], ex.E11_LABELS[variant],
-                         ", ".join(f"{x:g}" for x in sorted(lrs)) or "–",
+                         tuned_lrs(res, runs),
                          f"{len(res.done(runs))}/{len(runs)}", _div(res, runs),
                          side.loss_stat().text(".3f"), e10_time_text(side.timing),
                          _e10_stat(res, runs, lambda d: d.summary.get("tokens", math.nan)
@@ -990,7 +1025,7 @@ def e11_speeds_text(n: int) -> str:
 
 # pages whose body states a rule fixed before the runs (and what waits on it): written before
 # any of their runs is done
-RULE_FIRST = ("E11",)
+RULE_FIRST = ("E10", "E11")
 BODIES: dict[str, Body] = {"E1": _e1, "E2": _e2, "E3": _e3, "E4": _e4, "E5": _e5, "E6": _e6,
                            "E7": _e7, "E8": _e8, "E9": _e9, "E10": _e10, "E11": _e11}
 

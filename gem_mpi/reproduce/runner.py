@@ -122,7 +122,7 @@ def status_of(results: Path, name: str) -> str:
     return "stopped" if p.metrics.exists() or p.checkpoints.exists() else "new"
 
 
-# --- E11's main runs wait for their tuning runs ----------------------------------------------
+# --- E10's and E11's main runs wait for their tuning runs -------------------------------
 
 def tuning_losses(results: Path, run: ex.Run) -> dict[float, float] | None:
     """η → final validation loss of the run's tuning runs (a diverged one: inf), or None
@@ -146,12 +146,12 @@ def tuning_losses(results: Path, run: ex.Run) -> dict[float, float] | None:
 
 
 def tuned(results: Path, run: ex.Run) -> ex.Run | None:
-    """The run with the η its tuning runs chose (ex.e11_choose_lr), or None while they are
+    """The run with the η its tuning runs chose (ex.choose_lr), or None while they are
     not all done; a run tuned by none is itself."""
     if not run.tuned_by:
         return run
     losses = tuning_losses(results, run)
-    return None if losses is None else run.with_lr(ex.e11_choose_lr(losses))
+    return None if losses is None else run.with_lr(ex.choose_lr(losses))
 
 
 def waits_text(results: Path, run: ex.Run) -> str:

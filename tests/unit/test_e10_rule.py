@@ -1,6 +1,7 @@
-"""E10's verdict rule (gem_mpi/reproduce/results.py: e10_verdict) on made-up numbers: each
-outcome, its margins, and the table from outcomes to verdicts, so that a change of the rule
-fixed before the runs fails here."""
+"""E10's rules on made-up numbers: the verdict (results.py: e10_verdict), each outcome, its
+margins and the table from outcomes to verdicts; the tuning (experiments.py: E10_LRS,
+choose_lr) and how the main runs wait for it; so that a change of the rules fixed before the
+runs fails here."""
 
 from __future__ import annotations
 
@@ -75,3 +76,56 @@ def test_outcomes_to_verdicts(time, acc, verdict):
             "tie": ((0.98,), (0.98,))}[acc]
     gem, rival = Side(times[0], accs[0]), Side(times[1], accs[1])
     assert e10_verdict(gem, rival) == (verdict, time, acc)
+
+
+def test_the_tuning_grid_holds_the_paper_s_eta_and_the_linear_scaling_values():
+    assert ex.E10_LRS == (0.025, 0.05, 0.1, 0.2, 0.4)
+    assert (ex.E10_TUNE_SEED, ex.E10_HOLDOUT) == (100, 10_000)
+    full = ex.full_budget()
+    assert full.e10_tune_steps == 100 and ex.e10_lrs(full) == ex.E10_LRS
+    for n in full.e10_ns:  # DDP's and DiLoCo's steps average n gradients: η 0.05 · n
+        assert 0.05 * n in ex.E10_LRS
+    assert 0.05 in ex.E10_LRS  # the paper's MNIST setting, E10's η before it was tuned
+
+
+def test_the_tuning_takes_the_lowest_validation_loss():
+    assert ex.choose_lr({0.025: 0.3, 0.05: 0.2, 0.1: 0.25, 0.2: math.inf, 0.4: math.inf}) == 0.05
+    assert ex.choose_lr({0.05: 0.2, 0.1: 0.2}) == 0.05  # a tie: the smaller η
+    assert ex.choose_lr({0.1: math.inf, 0.05: math.inf}) == 0.05  # all diverged: the smallest
+    with pytest.raises(ValueError):
+        ex.choose_lr({})
+
+
+def test_every_main_run_waits_for_its_method_s_tuning_runs_at_its_n(tmp_path):
+    for budget in (ex.quick_budget(), ex.full_budget()):
+        runs = ex.experiments(budget, str(tmp_path))["E10"].runs
+        tunes = [r for r in runs if r.variant.startswith("tune-")]
+        mains = [r for r in runs if r.tuned_by]
+        grid = ex.e10_lrs(budget)
+        assert len(tunes) == len(grid) * 3 * len(budget.e10_ns)
+        assert len(mains) == 3 * 2 * len(budget.e10_ns) * len(budget.seeds)
+        assert len(runs) == len(tunes) + len(mains)
+        for t in tunes:  # no straggler, validated on the held-out images, at its grid's η
+            assert t.seed == ex.E10_TUNE_SEED and t.steps == budget.e10_tune_steps
+            assert "--holdout" in t.options and "--straggler" not in t.options
+            assert t.options[t.options.index("--lr") + 1] == f"{t.lr:g}"
+        names = [r.name for r in runs]
+        for r in mains:
+            assert "--holdout" not in r.options and ex.PENDING_LR in r.options
+            assert "-tuned-" in r.name  # apart from the files of E10 before it was tuned
+            by = dict(r.tuned_by)
+            assert sorted(by.values()) == sorted(grid)
+            assert all(names.index(t) < names.index(r.name) for t in by)
+            assert {t.method for t in tunes if t.name in by} == {r.method}
+            assert {t.n for t in tunes if t.name in by} == {r.n}
+
+
+def test_every_e10_command_passes_the_preflight(tmp_path):
+    """Each tuning and main run's options are accepted as gem_mpi.train would take them."""
+    from gem_mpi import config
+    from gem_mpi.run.preflight import validate
+
+    for budget in (ex.quick_budget(), ex.full_budget()):
+        for r in ex.experiments(budget, str(tmp_path))["E10"].runs:
+            cfg, _ = config.parse(list((r.with_lr(0.1) if r.tuned_by else r).options))
+            validate(cfg, r.ranks, data=False)

@@ -81,7 +81,7 @@ def test_the_grid_is_the_same_at_every_budget_and_main_runs_wait(tmp_path: Path)
         assert all("--holdout" in r.options and r.seed == ex.E11_TUNE_SEED for r in tunes)
         names = [r.name for r in runs]
         for r in mains:  # after its tuning runs, which are its method's at its n
-            assert "--holdout" not in r.options and ex.E11_PENDING_LR in r.options
+            assert "--holdout" not in r.options and ex.PENDING_LR in r.options
             assert all(names.index(t) < names.index(r.name) for t, _ in r.tuned_by)
             assert {ex.e11_method(ex_run) for ex_run in tunes if ex_run.name in
                     dict(r.tuned_by)} == {ex.e11_method(r)}
@@ -89,7 +89,7 @@ def test_the_grid_is_the_same_at_every_budget_and_main_runs_wait(tmp_path: Path)
     assert runner.tuned(tmp_path, run) is None  # nothing done: it waits
     assert "waits for its tuning runs (4 of 4 not done" in runner.waits_text(tmp_path, run)
     chosen = run.with_lr(3e-3)
-    assert chosen.lr == 3e-3 and "0.003" in chosen.options and ex.E11_PENDING_LR not in \
+    assert chosen.lr == 3e-3 and "0.003" in chosen.options and ex.PENDING_LR not in \
         chosen.options
 
 
