@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"no run has seed {', '.join(map(str, unknown_seeds))}: the "
                          f"{budget.name} budget's seeds are "
                          f"{', '.join(map(str, budget.seeds))}")
-        # a kept run's tuning runs stay (their seed is none of the budget's: E11's)
+        # a kept run's tuning runs stay (their seed is none of the budget's: E10's, E11's)
         tuning = {name for r in runs if r.seed in args.seeds for name, _ in r.tuned_by}
         runs = [r for r in runs if r.seed in args.seeds or r.name in tuning]
     if args.ns is not None:

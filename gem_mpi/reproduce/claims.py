@@ -654,12 +654,16 @@ def readme(res: Results, budget: ex.Budget) -> str:
     lines = [
         "# Reproducing Hermans & Louppe (2018), Gradient Energy Matching", "",
         ("Each experiment of the paper (E1–E8), E9, the global proxy its conclusion "
-        "proposes, E10, GEM against DDP and DiLoCo (not in the paper), and E11, the language "
-        "model under GEM-AdamW, DN + DyLU, DiLoCo, DDP-AdamW and Gap-Aware-AdamW, each with "
-        "its η tuned by one rule (not in the paper), as real `mpirun` jobs on this "
-        "repository's code, with the paper's settings where this machine allows (deviations "
-        "below). Made by `python -m gem_mpi.reproduce`:"), "",
-        ("E11's rule was fixed in code before its runs: per n and method, one tuning run at "
+        "proposes, E10, GEM against DDP and DiLoCo, and E11, the language "
+        "model under GEM-AdamW, DN + DyLU, DiLoCo, DDP-AdamW and Gap-Aware-AdamW (E10 and "
+        "E11 not in the paper, every method's η tuned by one rule), as real `mpirun` jobs on "
+        "this repository's code, with the paper's settings where this machine allows "
+        "(deviations below). Made by `python -m gem_mpi.reproduce`:"), "",
+        ("E10's tuning was fixed in code before its runs: per n and method, one tuning run at "
+         f"each η of {', '.join(f'{x:g}' for x in ex.E10_LRS)} validated on the last "
+         f"{ex.E10_HOLDOUT} training images (`--holdout`), the lowest validation loss choosing "
+         "the η of its main runs ([E10](E10.md) states it and its verdict rule). "
+         "E11's rule was fixed in code before its runs: per n and method, one tuning run at "
          f"each η of {', '.join(f'{x:g}' for x in ex.E11_LRS)} (the same grid at every "
          "budget) validated on held-apart training files (`--holdout`), the lowest validation "
          "loss choosing the η of its main runs; then, per cell and rival, time to "

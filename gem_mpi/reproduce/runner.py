@@ -552,7 +552,7 @@ class Harness:
                 continue
             if ready.tuned_by and run.name not in self.older:
                 self.say(f"[{i}/{len(runs)}] {run.name}: η {ready.lr:g}, chosen by its tuning "
-                         "runs (E11's rule)")
+                         f"runs ({run.experiment}'s rule)")
             run = ready
             est = Estimates(runs, self.results)  # corrected by the runs finished so far
             left = sum(est.seconds(r) for r in runs[i:] if states[r.name] not in DONE)
