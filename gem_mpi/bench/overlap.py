@@ -72,6 +72,32 @@ def model() -> object:
     return Sleeper()
 
 
+def mlp() -> object:
+    """A learning stand-in for an accelerator's worker: an MNIST MLP (784-128-10) whose
+    forward also sleeps $GEM_MPI_OVERLAP_STEP_MS ms with the GIL released, so that many
+    workers on a few cores each spend their step waiting, as GPU workers do, not competing
+    for the cores (which inflates every order's staleness by the time-sharing). For
+    comparing the worker orders' learning at equal updates:
+    ``mpirun -n 31 -x GEM_MPI_OVERLAP_STEP_MS=50 python -m gem_mpi.train --model
+    gem_mpi.bench.overlap:mlp --dataset mnist --max-steps 200 --eval-every 0 --worker-mode
+    overlap``."""
+    import torch
+
+    seconds = float(os.environ.get(_STEP_MS, "10")) / 1e3
+
+    class SleepyMlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 128),
+                                           torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(seconds)
+            return self.net(x)
+
+    return SleepyMlp()
+
+
 class _Zeros:
     """(0.0, 0.0) pairs: the model reads no input; mse against 0 makes the loss mean(θ)²."""
     def __init__(self, size: int) -> None:
