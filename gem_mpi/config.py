@@ -126,6 +126,12 @@ POLL_MAX_MS = 1000.0
 LOG_EVERY_MIN = 0.1  # seconds: below this the progress lines flood the job's log
 FLOPS_AUTO, FLOPS_ON, FLOPS_OFF = "auto", "on", "off"  # --flops: when rank 0 counts FLOPs
 FLOPS_MODES = (FLOPS_AUTO, FLOPS_ON, FLOPS_OFF)
+NICE_AUTO = "auto"  # --worker-nice: AUTO_NICE where a node holds more ranks than cores
+AUTO_NICE = 10
+
+
+def _nice_setting(value: str) -> bool:
+    return value == NICE_AUTO or (value.isdigit() and int(value) <= 19)
 RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # --run-id: a file name, a W&B id, a log word
 RUN_ID_CHECK: Check = (lambda v: v is None or bool(RUN_ID.fullmatch(v)),
                       "letters, digits, '.', '_', '-' (1 to 64 of them)")
@@ -436,6 +442,15 @@ class RuntimeConfig:
                            "under mpirun --with-ft ulfm only; an asynchronous method, one "
                            "master, no --group-size)",
                            check=(lambda v: v in WORKER_LOSS, f"one of {', '.join(WORKER_LOSS)}"))
+    worker_nice: str = opt(NICE_AUTO, "raise the nice value of every worker rank by N (0-19; "
+                           "asynchronous methods), so that the master gets a core as soon as it "
+                           "has an update to apply instead of waiting its turn behind the "
+                           f"workers' steps: 'auto' is {AUTO_NICE} on a node that holds more "
+                           "ranks than cores when --worker-mode is pipelined or overlap (their "
+                           "workers never leave the cores to the master, and the updates grow "
+                           "stale), 0 elsewhere",
+                           check=(_nice_setting, f"'{NICE_AUTO}' or an integer in [0, 19]"),
+                           metavar="N|auto")
     interface: str | None = opt(None, "the network interface whose address the sockets of "
                                 "torch.distributed (--method ddp) and gloo listen on across "
                                 "nodes (e.g. ib0, eth1; default: MASTER_ADDR, else the address "

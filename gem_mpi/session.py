@@ -33,8 +33,10 @@ from gem_mpi.run.rank import (
     gather_placement,
     group_check,
     local_placement,
+    lower_priority,
     plans_now,
     torch_device,
+    worker_nice,
 )
 from gem_mpi.run.supervisor import (
     EXIT_CODES,
@@ -183,6 +185,9 @@ def _run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint
     sync = methods.of(cfg.method).synchronous  # no master: the synchronous step loop
     masters = cfg.runtime.masters if not sync else 1
     placement = local_placement(comm, masters)  # collective: every rank, before the windows
+    if not sync and rank >= masters:  # before its threads and loaders start: they inherit it
+        lower_priority(worker_nice(cfg.runtime.worker_nice, placement,
+                                   cfg.optim.worker_mode == config.WAIT))
     problem = build_problem(cfg.data, with_theta0=rank < masters)
     n_workers = config.n_workers(cfg, comm.Get_size())  # a group of ranks counts as one
     group_comm = None

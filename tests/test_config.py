@@ -26,7 +26,7 @@ RECORDED = {
     "diloco_outer_momentum", "group_size", "worker_loss", "optimizer", "betas", "adam_eps",
     "weight_decay", "speeds", "context", "test_bytes", "gpt_layers", "gpt_heads", "gpt_width",
     "flops", "local_steps", "dylu", "dn_outer_lr", "dn_momentum", "dn_every", "tensorboard", "wandb",
-    "keep_checkpoints", "interface", "profile_steps", "profile_dir",
+    "keep_checkpoints", "interface", "profile_steps", "profile_dir", "worker_nice",
 }
 
 

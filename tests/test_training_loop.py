@@ -246,3 +246,18 @@ def test_profile_steps_traces_each_ranks_steps(tmp_path):
             assert {"aten::conv2d", "aten::addmm", "gem_mpi.compute",
                     "gem_mpi.payload"} <= names
     assert "USDT" not in res.stderr and "profiler_start" not in res.stderr
+
+
+def test_worker_ranks_run_at_the_nice_value_asked_and_the_master_at_its_own():
+    """--worker-nice 3 (on a node with more ranks than cores 'auto' gives 10): the workers
+    step aside when the master has an update to apply; --verbose's placement line shows each
+    rank's nice value where it is not 0."""
+    res = train(3, *quadratic_args("--worker-nice", "3", "--verbose", dim=100, steps=20,
+                                   eval_every=0))
+    assert res.returncode == 0, res.stderr
+    assert "; workers at nice +3" in res.stderr, res.stderr
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # the ranks start at pytest's
+    [line] = [ln for ln in res.stderr.splitlines() if "gem_mpi: placement:" in ln]
+    master, *workers = line.split("rank ")[1:]
+    assert master.startswith("0 (master") and ("nice" in master) == (base != 0), line
+    assert len(workers) == 2 and all(f", nice {base + 3})" in w for w in workers), line

@@ -22,7 +22,7 @@ from gem_mpi import methods
 from gem_mpi.algorithm.dylu import Paces
 from gem_mpi.algorithm.kernel import GapStats, GemStats, Kernel, kernel_threads, node_cores_left
 from gem_mpi.algorithm.rule import MasterRule
-from gem_mpi.config import LOSS_CONTINUE, OPT_ADAMW, Config
+from gem_mpi.config import LOSS_CONTINUE, NICE_AUTO, OPT_ADAMW, WAIT, Config
 from gem_mpi.engine.roster import Dealer, Roster
 from gem_mpi.engine.shards import Lead, Plan
 from gem_mpi.errors import OutputError
@@ -50,7 +50,7 @@ from gem_mpi.protocol import (
 )
 from gem_mpi.run.departures import Departures
 from gem_mpi.run.profiler import StepProfiler
-from gem_mpi.run.rank import Placement, RankPlace, placement_line, plans_now
+from gem_mpi.run.rank import Placement, RankPlace, placement_line, plans_now, worker_nice
 from gem_mpi.run.supervisor import (
     EXIT_CODES,
     SHUTDOWN,
@@ -602,13 +602,25 @@ def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Prob
         f"{layout.n_workers} workers, {problem.n_params} parameters, master kernel: "
         f"{kernel.name}; {update_payload(cfg.optim, problem.n_params).wire_note()}"
         + (f"; resuming run {resumed.run_id} from {resumed.path} at update {resumed.clock}"
-           + _changes_note(resumed) + _momentum_note(cfg, resumed) if resumed else ""))
+           + _changes_note(resumed) + _momentum_note(cfg, resumed) if resumed else "")
+        + _nice_note(cfg, placement))
     # the evaluation's torch threads: the same cores. The evaluation runs in a background
     # thread every --eval-every updates and time-shares them with the kernel; the kernel's
     # pool sleeps between updates, so a master waiting for updates leaves them all to it.
     if ranks is not None:
         say(placement_line(ranks, kernel.threads, eval_threads))
     return Master(cfg, comm, layout, problem, kernel, resumed, eval_threads, role)
+
+
+def _nice_note(cfg: Config, placement: Placement) -> str:
+    """The priority the workers on the master's node take (each node decides its own)."""
+    setting = cfg.runtime.worker_nice
+    nice = worker_nice(setting, placement, cfg.optim.worker_mode == WAIT)
+    if not nice:
+        return ""
+    why = (" (--worker-nice auto: more ranks than cores here, and workers that do not wait "
+           "for their updates)" if setting == NICE_AUTO else "")
+    return f"; workers at nice +{nice}{why}"
 
 
 def _changes_note(ckpt: checkpoint.Checkpoint) -> str:

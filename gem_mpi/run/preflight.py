@@ -27,6 +27,7 @@ from gem_mpi.config import (
     HOLDOUT_DATASETS,
     LOSS_CONTINUE,
     MODELS,
+    NICE_AUTO,
     PROXY_GLOBAL,
     PROXY_LOCAL,
     QUADRATIC,
@@ -144,6 +145,10 @@ def validate(cfg: Config, world_size: int, data: bool = True) -> None:
         raise UsageError(f"--worker-mode is for the asynchronous methods: --method {method} "
                          "has no master to pipeline against (every step waits for every "
                          "worker)")
+    if sync and cfg.runtime.worker_nice not in (NICE_AUTO, "0"):
+        raise UsageError(f"--worker-nice {cfg.runtime.worker_nice} is for the asynchronous "
+                         f"methods: --method {method} has no master to make room for (every "
+                         "rank is a worker)")
     if sync and cfg.optim.wire != WIRE_F32:
         raise UsageError(f"--wire {cfg.optim.wire} is for the asynchronous methods: --method "
                          f"{method} averages gradients and sends no update to a master")

@@ -10,7 +10,16 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gem_mpi.config import QUADRATIC, Config, DataConfig, speeds, straggler, synchronous
+from gem_mpi.config import (
+    AUTO_NICE,
+    NICE_AUTO,
+    QUADRATIC,
+    Config,
+    DataConfig,
+    speeds,
+    straggler,
+    synchronous,
+)
 from gem_mpi.transport import MPI
 
 if TYPE_CHECKING:  # torch is imported when a device is asked for, never on import
@@ -70,6 +79,39 @@ def torch_threads(threads: int, placement: Placement) -> int:
     return threads or max(1, (os.cpu_count() or _cores()) // placement.local_size)
 
 
+def worker_nice(setting: str, placement: Placement, waits: bool) -> int:
+    """How much a worker rank raises its nice value (--worker-nice): N as given, or with
+    'auto' AUTO_NICE where its node holds more ranks than cores and the workers do not wait
+    for their updates (``waits``: --worker-mode wait), 0 elsewhere. A waiting worker leaves
+    its core while the master applies its update; a pipelined or overlapped one computes
+    on, and with every core taken the master waits its turn before it can apply an update:
+    each update then lands on a θ older by that wait (docs/PERFORMANCE.md measures both)."""
+    if setting != NICE_AUTO:
+        return int(setting)
+    crowded = placement.local_size > (os.cpu_count() or _cores())
+    return AUTO_NICE if crowded and not waits else 0
+
+
+def lower_priority(by: int) -> int:
+    """Raise this process's nice value by ``by`` (capped at 19); returns the new value.
+    Linux keeps a nice value per thread and a new thread takes its creator's: every thread
+    running now (MPI's own among them) is reniced, and those started later (the compute
+    thread, torch's, the loader processes) inherit it."""
+    if by <= 0:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # no procfs: the process-wide call
+        return os.nice(by)
+    for tid in tids:
+        try:
+            now = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + by))
+        except ProcessLookupError:  # a thread that ended meanwhile
+            continue
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def device_name(placement: Placement, uses_torch: bool) -> str:
     """The device :func:`torch_device` gives this rank ("cuda:<local rank mod GPUs>" or
     "cpu"), without starting CUDA: for the placement line. A numpy model runs on the CPU."""
@@ -94,24 +136,27 @@ def torch_device(threads: int, placement: Placement) -> torch.device:
     return device
 
 
-RankPlace = tuple[int, str, int, int, int, str]  # node, host, local rank, local size, threads, device
+# node, host, local rank, local size, threads, device, nice value
+RankPlace = tuple[int, str, int, int, int, str, int]
 
 
 def gather_placement(comm: MPI.Intracomm, placement: Placement, threads: int,
                      uses_torch: bool) -> list[RankPlace] | None:
     """Collective: on rank 0, every rank's (node, host name, local rank, ranks on its node,
-    torch threads, device), in rank order; None elsewhere. For --verbose's placement line,
+    torch threads, device, nice value), in rank order; None elsewhere. For --verbose's placement line,
     which shows that a job across nodes gets its budgets per node."""
     import socket
 
     mine = (placement.node, socket.gethostname(), placement.local_rank, placement.local_size,
-            torch_threads(threads, placement), device_name(placement, uses_torch))
+            torch_threads(threads, placement), device_name(placement, uses_torch),
+            os.getpriority(os.PRIO_PROCESS, 0))
     return comm.gather(mine, root=0)
 
 
 def placement_line(ranks: list[RankPlace], kernel_threads: int, eval_threads: int) -> str:
     """One line: the nodes MPI's shared-memory split found (named by host name), the ranks
-    on each, the master's kernel and evaluation threads, each worker's threads and device."""
+    on each, the master's kernel and evaluation threads, each worker's threads and device
+    (and its nice value where it is not 0: --worker-nice)."""
     nodes: dict[int, list[int]] = {}
     for rank, place in enumerate(ranks):
         nodes.setdefault(place[0], []).append(rank)
@@ -119,10 +164,11 @@ def placement_line(ranks: list[RankPlace], kernel_threads: int, eval_threads: in
     for members in nodes.values():
         said = []
         for r in members:
-            _, _, local, size, threads, device = ranks[r]
+            _, _, local, size, threads, device, nice = ranks[r]
+            niced = f", nice {nice}" if nice else ""
             said.append(f"rank 0 (master, local {local}/{size}: kernel {kernel_threads} threads, "
-                        f"evaluation {eval_threads} threads)" if r == 0 else
-                        f"rank {r} (local {local}/{size}: {device}, {threads} threads)")
+                        f"evaluation {eval_threads} threads{niced})" if r == 0 else
+                        f"rank {r} (local {local}/{size}: {device}, {threads} threads{niced})")
         parts.append(f"{ranks[members[0]][1]}: " + ", ".join(said))
     return f"placement: {len(nodes)} node(s); " + "; ".join(parts)
 
