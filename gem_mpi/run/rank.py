@@ -20,6 +20,7 @@ from gem_mpi.config import (
     straggler,
     synchronous,
 )
+from gem_mpi.errors import UsageError
 from gem_mpi.transport import MPI
 
 if TYPE_CHECKING:  # torch is imported when a device is asked for, never on import
@@ -100,15 +101,19 @@ def lower_priority(by: int) -> int:
     if by <= 0:
         return os.getpriority(os.PRIO_PROCESS, 0)
     try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:  # no procfs: the process-wide call
-        return os.nice(by)
-    for tid in tids:
         try:
-            now = os.getpriority(os.PRIO_PROCESS, tid)
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + by))
-        except ProcessLookupError:  # a thread that ended meanwhile
-            continue
+            tids = [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:  # no procfs: the process-wide call
+            return os.nice(by)
+        for tid in tids:
+            try:
+                now = os.getpriority(os.PRIO_PROCESS, tid)
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, now + by))
+            except ProcessLookupError:  # a thread that ended meanwhile
+                continue
+    except PermissionError as exc:  # a sandbox that forbids even lowering one's priority
+        raise UsageError(f"--worker-nice: this system does not let a worker lower its own "
+                         f"priority ({exc.strerror}); run with --worker-nice 0") from None
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from gem_mpi.config import AUTO_NICE
-from gem_mpi.run.rank import Placement, placement_line, worker_nice
+from gem_mpi.errors import UsageError
+from gem_mpi.run.rank import Placement, lower_priority, placement_line, worker_nice
 
 CORES = os.cpu_count() or 1
 
@@ -35,3 +36,15 @@ def test_the_placement_line_names_a_nice_value_only_where_it_is_not_zero():
         "placement: 1 node(s); n0: rank 0 (master, local 0/3: kernel 2 threads, evaluation 2 "
         "threads), rank 1 (local 1/3: cpu, 1 threads, nice 10), rank 2 (local 2/3: cpu, 1 "
         "threads, nice 10)")
+
+
+def test_a_system_that_forbids_the_lower_priority_is_one_line(monkeypatch):
+    def forbidden(*args: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setpriority", forbidden)
+    monkeypatch.setattr(os, "nice", forbidden)
+    with pytest.raises(UsageError, match="does not let a worker lower its own priority "
+                                         r"\(Operation not permitted\); run with --worker-nice 0"):
+        lower_priority(10)
+    assert lower_priority(0) == os.getpriority(os.PRIO_PROCESS, 0)  # nothing asked, nothing done
