@@ -47,6 +47,11 @@ export GEM_MPI_NO_SKIPS="${GEM_MPI_NO_SKIPS:-1}"
 # GEM_MPI_TEST_PROCS pytest processes (pytest-xdist, default 2; 0: this one only), a file
 # on one process from start to end (its module fixtures and shared daemons stay one), the
 # slowest files first (tests/conftest.py).
+# GEM_MPI_TEST_ACCOUNT=FILE: every Python process the suite starts appends its CPU seconds
+# there (tests/accounting/sitecustomize.py), summed up at the end (tools/test_account.py)
+if [[ -n "${GEM_MPI_TEST_ACCOUNT:-}" ]]; then
+  export PYTHONPATH="$PWD/tests/accounting${PYTHONPATH:+:$PYTHONPATH}"
+fi
 rc=0
 procs="${GEM_MPI_TEST_PROCS:-2}"
 xdist=(-n "$procs")
@@ -54,6 +59,9 @@ xdist=(-n "$procs")
 ((procs == 0)) || xdist+=(--dist loadfile --no-loadscope-reorder)
 # --durations=20: the 20 slowest tests, printed at the end (what a new test costs, seen)
 "$GEM_MPI_PY" -m pytest -q "${xdist[@]}" --durations=20 "$@" || rc=$?
+if [[ -n "${GEM_MPI_TEST_ACCOUNT:-}" && -s "$GEM_MPI_TEST_ACCOUNT" ]]; then
+  "$GEM_MPI_PY" tools/test_account.py "$GEM_MPI_TEST_ACCOUNT" --top 25 | head -n 80
+fi
 if ((rc == 5)); then
   echo "test.sh: pytest collected no tests: failing" >&2
 fi
