@@ -132,6 +132,8 @@ AUTO_NICE = 10
 
 def _nice_setting(value: str) -> bool:
     return value == NICE_AUTO or (value.isdigit() and int(value) <= 19)
+
+
 RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # --run-id: a file name, a W&B id, a log word
 RUN_ID_CHECK: Check = (lambda v: v is None or bool(RUN_ID.fullmatch(v)),
                       "letters, digits, '.', '_', '-' (1 to 64 of them)")

@@ -148,8 +148,8 @@ RankPlace = tuple[int, str, int, int, int, str, int]
 def gather_placement(comm: MPI.Intracomm, placement: Placement, threads: int,
                      uses_torch: bool) -> list[RankPlace] | None:
     """Collective: on rank 0, every rank's (node, host name, local rank, ranks on its node,
-    torch threads, device, nice value), in rank order; None elsewhere. For --verbose's placement line,
-    which shows that a job across nodes gets its budgets per node."""
+    torch threads, device, nice value), in rank order; None elsewhere. For --verbose's
+    placement line, which shows that a job across nodes gets its budgets per node."""
     import socket
 
     mine = (placement.node, socket.gethostname(), placement.local_rank, placement.local_size,
