@@ -448,9 +448,9 @@ class RuntimeConfig:
                            "asynchronous methods), so that the master gets a core as soon as it "
                            "has an update to apply instead of waiting its turn behind the "
                            f"workers' steps: 'auto' is {AUTO_NICE} on a node that holds more "
-                           "ranks than cores when --worker-mode is pipelined or overlap (their "
-                           "workers never leave the cores to the master, and the updates grow "
-                           "stale), 0 elsewhere",
+                           "ranks than cores when --worker-mode is overlap (its workers never "
+                           "leave the cores to the master, and the updates grow stale), 0 "
+                           "elsewhere",
                            check=(_nice_setting, f"'{NICE_AUTO}' or an integer in [0, 19]"),
                            metavar="N|auto")
     interface: str | None = opt(None, "the network interface whose address the sockets of "

@@ -187,7 +187,7 @@ def _run(cfg: config.Config, comm: MPI.Intracomm, resumed: checkpoint.Checkpoint
     placement = local_placement(comm, masters)  # collective: every rank, before the windows
     if not sync and rank >= masters:  # before its threads and loaders start: they inherit it
         lower_priority(worker_nice(cfg.runtime.worker_nice, placement,
-                                   cfg.optim.worker_mode == config.WAIT))
+                                   cfg.optim.worker_mode == config.OVERLAP))
     problem = build_problem(cfg.data, with_theta0=rank < masters)
     n_workers = config.n_workers(cfg, comm.Get_size())  # a group of ranks counts as one
     group_comm = None

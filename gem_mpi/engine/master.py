@@ -22,7 +22,7 @@ from gem_mpi import methods
 from gem_mpi.algorithm.dylu import Paces
 from gem_mpi.algorithm.kernel import GapStats, GemStats, Kernel, kernel_threads, node_cores_left
 from gem_mpi.algorithm.rule import MasterRule
-from gem_mpi.config import LOSS_CONTINUE, NICE_AUTO, OPT_ADAMW, WAIT, Config
+from gem_mpi.config import LOSS_CONTINUE, NICE_AUTO, OPT_ADAMW, OVERLAP, Config
 from gem_mpi.engine.roster import Dealer, Roster
 from gem_mpi.engine.shards import Lead, Plan
 from gem_mpi.errors import OutputError
@@ -615,11 +615,11 @@ def start_master(cfg: Config, comm: MPI.Intracomm, layout: Layout, problem: Prob
 def _nice_note(cfg: Config, placement: Placement) -> str:
     """The priority the workers on the master's node take (each node decides its own)."""
     setting = cfg.runtime.worker_nice
-    nice = worker_nice(setting, placement, cfg.optim.worker_mode == WAIT)
+    nice = worker_nice(setting, placement, cfg.optim.worker_mode == OVERLAP)
     if not nice:
         return ""
-    why = (" (--worker-nice auto: more ranks than cores here, and workers that do not wait "
-           "for their updates)" if setting == NICE_AUTO else "")
+    why = (" (--worker-nice auto: more ranks than cores here, and overlapped workers)"
+           if setting == NICE_AUTO else "")
     return f"; workers at nice +{nice}{why}"
 
 

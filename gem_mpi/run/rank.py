@@ -80,17 +80,18 @@ def torch_threads(threads: int, placement: Placement) -> int:
     return threads or max(1, (os.cpu_count() or _cores()) // placement.local_size)
 
 
-def worker_nice(setting: str, placement: Placement, waits: bool) -> int:
+def worker_nice(setting: str, placement: Placement, overlapped: bool) -> int:
     """How much a worker rank raises its nice value (--worker-nice): N as given, or with
-    'auto' AUTO_NICE where its node holds more ranks than cores and the workers do not wait
-    for their updates (``waits``: --worker-mode wait), 0 elsewhere. A waiting worker leaves
-    its core while the master applies its update; a pipelined or overlapped one computes
-    on, and with every core taken the master waits its turn before it can apply an update:
-    each update then lands on a θ older by that wait (docs/PERFORMANCE.md measures both)."""
+    'auto' AUTO_NICE where its node holds more ranks than cores and the workers overlap
+    (``overlapped``: --worker-mode overlap), 0 elsewhere. A waiting worker leaves its core
+    while the master applies its update; an overlapped one computes on, and with every core
+    taken the master waits its turn before it can apply an update: each update then lands
+    on a θ older by that wait (docs/PERFORMANCE.md measures both; pipelined, which waits
+    for its slot after each step, was not measured and is left as it was)."""
     if setting != NICE_AUTO:
         return int(setting)
     crowded = placement.local_size > (os.cpu_count() or _cores())
-    return AUTO_NICE if crowded and not waits else 0
+    return AUTO_NICE if crowded and overlapped else 0
 
 
 def lower_priority(by: int) -> int:

@@ -14,19 +14,19 @@ from gem_mpi.run.rank import Placement, lower_priority, placement_line, worker_n
 CORES = os.cpu_count() or 1
 
 
-@pytest.mark.parametrize("setting, ranks_on_node, waits, nice", [
+@pytest.mark.parametrize("setting, ranks_on_node, overlapped, nice", [
     # more ranks than cores and workers that compute on: the master would wait its turn
-    ("auto", CORES + 1, False, AUTO_NICE),
-    ("auto", CORES + 1, True, 0),  # a waiting worker leaves its core while the master applies
-    ("auto", CORES, False, 0),  # a core each: nothing to make room for
-    ("auto", 1, False, 0),
-    ("0", CORES + 1, False, 0),  # asked for: as asked, whatever the node and the order
-    ("7", 1, True, 7),
+    ("auto", CORES + 1, True, AUTO_NICE),
+    ("auto", CORES + 1, False, 0),  # wait, pipelined: they leave their cores while they wait
+    ("auto", CORES, True, 0),  # a core each: nothing to make room for
+    ("auto", 1, True, 0),
+    ("0", CORES + 1, True, 0),  # asked for: as asked, whatever the node and the order
+    ("7", 1, False, 7),
 ])
 def test_auto_lowers_the_workers_only_where_they_crowd_out_the_master(
-        setting, ranks_on_node, waits, nice):
+        setting, ranks_on_node, overlapped, nice):
     placement = Placement(local_rank=1, local_size=ranks_on_node)
-    assert worker_nice(setting, placement, waits) == nice
+    assert worker_nice(setting, placement, overlapped) == nice
 
 
 def test_the_placement_line_names_a_nice_value_only_where_it_is_not_zero():
